@@ -1,0 +1,78 @@
+"""Multi-head self-attention around any registered core: projections and a conv skip on V."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nyscli.attention.errors import AttentionConfigError
+from nyscli.attention.masking import zero_padded
+from nyscli.attention.registry import build_attention
+
+
+class ValueConvSkip(nn.Module):
+    """Depthwise convolution of V along the sequence, one filter per head (Nyströmformer's skip).
+
+    v: (B, H, n, d) -> (B, H, n, d). Padded tokens are zeroed first so they never leak in.
+    """
+
+    def __init__(self, num_heads: int, kernel_size: int) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.conv = nn.Conv2d(
+            num_heads, num_heads, (kernel_size, 1), groups=num_heads, bias=False
+        )
+
+    def forward(self, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        v = zero_padded(v, key_padding_mask)
+        left = (self.kernel_size - 1) // 2
+        right = self.kernel_size - 1 - left
+        return self.conv(F.pad(v, (0, 0, left, right)))
+
+
+class MultiHeadAttention(nn.Module):
+    """x: (B, n, dim) -> (B, n, dim): project to heads, run the core, add the conv skip, project.
+
+    Args:
+        dim: model width; must be divisible by ``num_heads``.
+        num_heads: number of heads H (head_dim = dim / H).
+        attention: the core's config, e.g. ``{"name": "nystrom", "num_landmarks": 64}``;
+            ``conv_kernel_size`` (> 0 enables the skip) is read here, the rest by the core.
+    """
+
+    def __init__(self, dim: int, num_heads: int, attention: Mapping[str, Any]) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise AttentionConfigError(
+                f"hidden size {dim} is not divisible by num_heads={num_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.core = build_attention(attention)
+        kernel = int(attention.get("conv_kernel_size", 0) or 0)
+        if kernel < 0:
+            raise AttentionConfigError(
+                f"attention.conv_kernel_size={kernel} is not allowed; use 0 (off) or a size >= 1"
+            )
+        self.conv_skip = ValueConvSkip(num_heads, kernel) if kernel else None
+
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (B, n, dim) -> q, k, v each (B, H, n, head_dim)."""
+        b, n, _ = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """x: (B, n, dim); key_padding_mask: (B, n), True = real token -> (B, n, dim)."""
+        q, k, v = self.split_heads(x)
+        context = self.core(q, k, v, key_padding_mask)  # (B, H, n, head_dim)
+        if self.conv_skip is not None:
+            context = context + self.conv_skip(v, key_padding_mask)
+        b, _, n, _ = context.shape
+        return self.out(context.transpose(1, 2).reshape(b, n, -1))

@@ -1,0 +1,105 @@
+"""Nyström attention (Xiong et al., AAAI 2021): softmax attention through m landmarks in O(n m)."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from nyscli.attention.errors import AttentionConfigError
+from nyscli.attention.landmarks import segment_means
+from nyscli.attention.masking import check_qkv, masked_softmax
+from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
+from nyscli.attention.registry import register
+from nyscli.attention.softmax import SoftmaxAttention
+
+
+@register("nystrom")
+class NystromAttention(nn.Module):
+    """S V ~= softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V with landmark Q~, K~.
+
+    Args:
+        num_landmarks: m, the number of segment-mean landmarks. If m >= n at run time the
+            approximation would be exact anyway, so exact attention is used.
+        pinv: ``"iterative"`` (the paper's) or ``"exact"`` (``torch.linalg.pinv``).
+        pinv_iterations: iterations of the iterative pseudo-inverse (paper: 6).
+        pinv_init: ``"per_matrix"`` (convergent for every matrix) or ``"original"`` (the
+            reference code's one scale for the whole batch).
+        causal: not supported; landmarks mix future tokens into every query.
+    """
+
+    def __init__(
+        self,
+        num_landmarks: int = 64,
+        pinv: str = "iterative",
+        pinv_iterations: int = 6,
+        pinv_init: str = "per_matrix",
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        if causal:
+            raise AttentionConfigError(
+                "nystrom attention cannot be causal: its landmarks average over future tokens"
+            )
+        if not isinstance(num_landmarks, int) or num_landmarks < 1:
+            raise AttentionConfigError(
+                f"attention.num_landmarks={num_landmarks} is not allowed; it must be an integer >= 1"
+            )
+        if pinv not in PINV_METHODS:
+            raise AttentionConfigError(
+                f"attention.pinv={pinv} is not allowed; choose one of: {', '.join(PINV_METHODS)}"
+            )
+        if pinv_init not in PINV_INITS:
+            raise AttentionConfigError(
+                f"attention.pinv_init={pinv_init} is not allowed; choose one of: {', '.join(PINV_INITS)}"
+            )
+        if not isinstance(pinv_iterations, int) or pinv_iterations < 1:
+            raise AttentionConfigError(
+                f"attention.pinv_iterations={pinv_iterations} is not allowed; it must be an integer >= 1"
+            )
+        self.num_landmarks = num_landmarks
+        self.pinv = pinv
+        self.pinv_iterations = pinv_iterations
+        self.pinv_init = pinv_init
+        self.causal = False
+        self.exact = SoftmaxAttention()
+
+    def label(self) -> str:
+        return f"nystrom-{self.num_landmarks}"
+
+    def pseudo_inverse(self, a: Tensor) -> Tensor:
+        """pinv of the landmark kernel a: (B, H, m, m), in float32 or wider."""
+        if self.pinv == "exact":
+            return exact_pinv(a)
+        return iterative_pinv(a, self.pinv_iterations, self.pinv_init)
+
+    def kernels(
+        self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The three softmax kernels F (B,H,n,m), A (B,H,m,m), Bk (B,H,m,n) of the paper.
+
+        Empty landmarks (fewer real tokens than m) get zero rows and columns, which the
+        pseudo-inverse maps to zero, so they drop out of the product.
+        """
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        q_land, exists = segment_means(q, self.num_landmarks, key_padding_mask)
+        k_land, _ = segment_means(k, self.num_landmarks, key_padding_mask)
+        land_cols = None if exists is None else exists[:, None, None, :]
+        land_rows = 1.0 if exists is None else exists[:, None, :, None].to(q.dtype)
+        token_cols = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        f = masked_softmax(q @ k_land.transpose(-1, -2) * scale, land_cols)
+        a = masked_softmax(q_land @ k_land.transpose(-1, -2) * scale, land_cols) * land_rows
+        b = masked_softmax(q_land @ k.transpose(-1, -2) * scale, token_cols) * land_rows
+        return f, a, b
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """q, k, v: (B, H, n, d); key_padding_mask: (B, n), True = real token -> (B, H, n, d)."""
+        check_qkv(q, k, v, key_padding_mask)
+        if self.num_landmarks >= q.shape[2]:
+            return self.exact(q, k, v, key_padding_mask)
+        f, a, b = self.kernels(q, k, key_padding_mask)
+        z = self.pseudo_inverse(a).to(f.dtype)
+        # Right-to-left keeps every intermediate at O(n m) or O(m d).
+        return f @ (z @ (b @ v))

@@ -1,0 +1,53 @@
+"""Moore-Penrose pseudo-inverses of batched small matrices: iterative (Razavi et al.) and exact.
+
+Both run in at least float32, with autocast off, because the iterative scheme loses its
+convergence in bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nyscli.attention.errors import AttentionConfigError
+
+PINV_METHODS = ("iterative", "exact")
+PINV_INITS = ("per_matrix", "original")
+
+
+def _working_dtype(a: Tensor) -> torch.dtype:
+    return torch.promote_types(a.dtype, torch.float32)
+
+
+def iterative_pinv(a: Tensor, iterations: int = 6, init: str = "per_matrix") -> Tensor:
+    """Approximate pinv of a: (..., m, m) by the third-order Newton-Schulz-type iteration
+
+    Z_{j+1} = 1/4 Z_j (13 I - A Z_j (15 I - A Z_j (7 I - A Z_j))).
+
+    ``init="per_matrix"``: Z_0 = A^T / (||A||_1 ||A||_inf) for each matrix, which guarantees
+    convergence for every matrix. ``init="original"``: the Nyströmformer code's single scale,
+    the largest column sum times the largest row sum over the whole batch.
+    """
+    if init not in PINV_INITS:
+        raise AttentionConfigError(f"pinv_init '{init}' is not allowed; choose one of: {', '.join(PINV_INITS)}")
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        a = a.to(_working_dtype(a))
+        tiny = torch.finfo(a.dtype).tiny
+        if init == "per_matrix":
+            norm_1 = a.abs().sum(dim=-2).amax(dim=-1)  # max column sum, (...)
+            norm_inf = a.abs().sum(dim=-1).amax(dim=-1)  # max row sum, (...)
+            scale = (norm_1 * norm_inf).clamp_min(tiny)[..., None, None]
+        else:
+            scale = (a.sum(dim=-2).max() * a.sum(dim=-1).max()).clamp_min(tiny)
+        z = a.transpose(-1, -2) / scale
+        eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+        for _ in range(iterations):
+            az = a @ z
+            z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+        return z
+
+
+def exact_pinv(a: Tensor) -> Tensor:
+    """pinv of a: (..., m, m) by SVD (``torch.linalg.pinv``)."""
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        return torch.linalg.pinv(a.to(_working_dtype(a)))

@@ -1,0 +1,67 @@
+"""Name -> attention core class, and building a core from a plain config mapping."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from torch import nn
+
+from nyscli.attention.errors import AttentionConfigError
+
+_REGISTRY: dict[str, type[nn.Module]] = {}
+
+# Keys that configure the multi-head wrapper, not the core itself.
+WRAPPER_KEYS = frozenset({"name", "conv_kernel_size"})
+
+T = TypeVar("T", bound=type[nn.Module])
+
+
+def register(name: str) -> Callable[[T], T]:
+    """Class decorator: make an attention core available under ``name`` in configs."""
+
+    def add(cls: T) -> T:
+        if name in _REGISTRY:
+            raise RuntimeError(f"attention '{name}' registered twice")
+        _REGISTRY[name] = cls
+        cls.registry_name = name
+        return cls
+
+    return add
+
+
+def available() -> list[str]:
+    """Sorted names of every registered attention core."""
+    return sorted(_REGISTRY)
+
+
+def core_class(name: str) -> type[nn.Module]:
+    """The class registered under ``name``; a one-line error listing the choices otherwise."""
+    if name not in _REGISTRY:
+        raise AttentionConfigError(
+            f"unknown attention '{name}'; choose one of: {', '.join(available())}"
+        )
+    return _REGISTRY[name]
+
+
+def build_attention(config: Mapping[str, Any]) -> nn.Module:
+    """Build the core described by ``config`` (``name`` plus the core's keyword arguments).
+
+    Keys that belong to the multi-head wrapper (``conv_kernel_size``) are ignored here.
+    Unknown keys are an error naming the keys the core accepts.
+    """
+    config = dict(config)
+    if "name" not in config:
+        raise AttentionConfigError("attention config has no 'name'")
+    cls = core_class(str(config["name"]))
+    kwargs = {k: v for k, v in config.items() if k not in WRAPPER_KEYS}
+    params = inspect.signature(cls.__init__).parameters
+    accepted = [p for p in params if p != "self"]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise AttentionConfigError(
+            f"attention '{config['name']}' has no option {', '.join(unknown)}; "
+            f"allowed: {', '.join(accepted + sorted(WRAPPER_KEYS - {'name'}))}"
+        )
+    return cls(**kwargs)
