@@ -1,9 +1,17 @@
-"""Landmark selection for Nyström attention: segment means that respect padding."""
+"""Landmark selection for Nyström attention: segment means, random tokens, k-means groups.
+
+Every selector returns landmarks q~, k~: (B, H, m, d) and a (B, m) bool mask of the landmarks
+that exist (None when all do). Each landmark pair (q~_i, k~_i) averages the same group of real
+tokens: a contiguous segment (the paper), a single random token, or a k-means cluster. Padded
+tokens (key_padding_mask False) never move a landmark.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+LANDMARK_METHODS = ("segment_means", "random", "kmeans")
 
 
 def segment_means_matrix(
@@ -29,7 +37,9 @@ def segment_means_matrix(
     return membership / counts.clamp_min(1), counts[..., 0] > 0
 
 
-def segment_means(x: Tensor, m: int, key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+def segment_means(
+    x: Tensor, m: int, key_padding_mask: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
     """Landmarks (B, H, m, d) of x: (B, H, n, d), and the (B, m) mask of non-empty landmarks.
 
     Without padding and with m dividing n this is a reshape and mean (no extra memory); the mask
@@ -43,3 +53,86 @@ def segment_means(x: Tensor, m: int, key_padding_mask: Tensor | None) -> tuple[T
     if key_padding_mask is None:
         return landmarks, None
     return landmarks, exists
+
+
+def random_tokens(
+    q: Tensor, k: Tensor, m: int, key_padding_mask: Tensor | None, seed: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Landmarks = m distinct real tokens per sequence, drawn uniformly with ``seed``.
+
+    q, k: (B, H, n, d) -> q~, k~ (B, H, m, d) taken at the same positions (shared by the heads
+    of a sequence), and the (B, m) existence mask (None without padding and m <= n). The draw
+    depends only on ``seed`` and the shapes, so repeated calls pick the same tokens.
+    """
+    b, h, n, d = q.shape
+    generator = torch.Generator(device=q.device).manual_seed(seed)
+    priority = torch.rand(b, n, generator=generator, device=q.device)  # (B, n)
+    if key_padding_mask is not None:
+        priority = priority.masked_fill(~key_padding_mask, 2.0)  # padded tokens drawn last
+    picked = min(m, n)
+    index = priority.argsort(dim=1)[:, :picked].sort(dim=1).values  # (B, picked), in order
+    gather = index[:, None, :, None].expand(b, h, picked, d)
+    q_land, k_land = q.gather(2, gather), k.gather(2, gather)
+    if key_padding_mask is None and picked == m:
+        return q_land, k_land, None
+    real = torch.ones(b, n, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        real = key_padding_mask
+    exists = real.gather(1, index)  # (B, picked): a padded pick means too few real tokens
+    if picked < m:  # more landmarks than tokens: the rest are empty placeholders
+        pad = (0, 0, 0, m - picked)
+        q_land, k_land = torch.nn.functional.pad(q_land, pad), torch.nn.functional.pad(k_land, pad)
+        exists = torch.nn.functional.pad(exists, (0, m - picked), value=False)
+    return q_land, k_land, exists
+
+
+def kmeans_groups(
+    q: Tensor, k: Tensor, m: int, key_padding_mask: Tensor | None, iterations: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Landmarks = means of m k-means clusters of the tokens' joint features [q, k].
+
+    Lloyd's algorithm, ``iterations`` steps per (sequence, head), started from the segment
+    means (deterministic, and already a sensible grouping on position-correlated inputs).
+    Clustering [q, k] jointly keeps each (q~_i, k~_i) the mean of one token group. A cluster that
+    loses all its tokens keeps its previous centre. q, k: (B, H, n, d) -> q~, k~ (B, H, m, d) and
+    the (B, m) existence mask of the segment-means start (None when every landmark exists).
+    """
+    d = q.shape[-1]
+    x = torch.cat([q, k], dim=-1)  # (B, H, n, 2d)
+    centres, exists = segment_means(x, m, key_padding_mask)
+    x_sq = x.square().sum(dim=-1, keepdim=True)  # (B, H, n, 1)
+    for _ in range(iterations):
+        dist = x_sq - 2 * x @ centres.transpose(-1, -2) + centres.square().sum(-1)[..., None, :]
+        if exists is not None:  # empty landmarks stay empty
+            dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
+        member = torch.nn.functional.one_hot(dist.argmin(dim=-1), m).to(x.dtype)  # (B,H,n,m)
+        if key_padding_mask is not None:
+            member = member * key_padding_mask[:, None, :, None].to(x.dtype)
+        counts = member.sum(dim=-2)[..., None]  # (B, H, m, 1)
+        means = member.transpose(-1, -2) @ x / counts.clamp_min(1)
+        centres = torch.where(counts > 0, means, centres)
+    return centres[..., :d], centres[..., d:], exists
+
+
+def select_landmarks(
+    q: Tensor,
+    k: Tensor,
+    m: int,
+    key_padding_mask: Tensor | None,
+    method: str = "segment_means",
+    kmeans_iterations: int = 5,
+    seed: int = 0,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """q, k: (B, H, n, d) -> q~, k~ (B, H, m, d) and the (B, m) mask of existing landmarks.
+
+    ``method`` is one of ``LANDMARK_METHODS``; see the selector functions above.
+    """
+    if method == "segment_means":
+        q_land, exists = segment_means(q, m, key_padding_mask)
+        k_land, _ = segment_means(k, m, key_padding_mask)
+        return q_land, k_land, exists
+    if method == "random":
+        return random_tokens(q, k, m, key_padding_mask, seed)
+    if method == "kmeans":
+        return kmeans_groups(q, k, m, key_padding_mask, kmeans_iterations)
+    raise ValueError(f"unknown landmark method {method!r}; choose one of {LANDMARK_METHODS}")

@@ -7,7 +7,7 @@ import math
 from torch import Tensor, nn
 
 from nyscli.attention.errors import AttentionConfigError
-from nyscli.attention.landmarks import segment_means
+from nyscli.attention.landmarks import LANDMARK_METHODS, select_landmarks
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
@@ -19,12 +19,18 @@ class NystromAttention(nn.Module):
     """S V ~= softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V with landmark Q~, K~.
 
     Args:
-        num_landmarks: m, the number of segment-mean landmarks. If m >= n at run time the
-            approximation would be exact anyway, so exact attention is used.
+        num_landmarks: m, the number of landmarks. If m >= n at run time the approximation
+            would be exact anyway, so exact attention is used.
         pinv: ``"iterative"`` (the paper's) or ``"exact"`` (``torch.linalg.pinv``).
         pinv_iterations: iterations of the iterative pseudo-inverse (paper: 6).
         pinv_init: ``"per_matrix"`` (convergent for every matrix) or ``"original"`` (the
             reference code's one scale for the whole batch).
+        landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
+            (m real tokens drawn with ``seed``, the same draw on every call, so the implied
+            matrix is well defined) or ``"kmeans"`` (means of k-means clusters of the tokens'
+            [q, k] features, ``kmeans_iterations`` Lloyd steps from the segment means).
+        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
+        seed: random seed for ``landmarks="random"``.
         causal: not supported; landmarks mix future tokens into every query.
     """
 
@@ -34,6 +40,9 @@ class NystromAttention(nn.Module):
         pinv: str = "iterative",
         pinv_iterations: int = 6,
         pinv_init: str = "per_matrix",
+        landmarks: str = "segment_means",
+        kmeans_iterations: int = 5,
+        seed: int = 0,
         causal: bool = False,
     ) -> None:
         super().__init__()
@@ -43,7 +52,8 @@ class NystromAttention(nn.Module):
             )
         if not isinstance(num_landmarks, int) or num_landmarks < 1:
             raise AttentionConfigError(
-                f"attention.num_landmarks={num_landmarks} is not allowed; it must be an integer >= 1"
+                f"attention.num_landmarks={num_landmarks} is not allowed; "
+                "it must be an integer >= 1"
             )
         if pinv not in PINV_METHODS:
             raise AttentionConfigError(
@@ -51,13 +61,32 @@ class NystromAttention(nn.Module):
             )
         if pinv_init not in PINV_INITS:
             raise AttentionConfigError(
-                f"attention.pinv_init={pinv_init} is not allowed; choose one of: {', '.join(PINV_INITS)}"
+                f"attention.pinv_init={pinv_init} is not allowed; "
+                f"choose one of: {', '.join(PINV_INITS)}"
             )
         if not isinstance(pinv_iterations, int) or pinv_iterations < 1:
             raise AttentionConfigError(
-                f"attention.pinv_iterations={pinv_iterations} is not allowed; it must be an integer >= 1"
+                f"attention.pinv_iterations={pinv_iterations} is not allowed; "
+                "it must be an integer >= 1"
+            )
+        if landmarks not in LANDMARK_METHODS:
+            raise AttentionConfigError(
+                f"attention.landmarks={landmarks} is not allowed; "
+                f"choose one of: {', '.join(LANDMARK_METHODS)}"
+            )
+        if not isinstance(kmeans_iterations, int) or kmeans_iterations < 0:
+            raise AttentionConfigError(
+                f"attention.kmeans_iterations={kmeans_iterations} is not allowed; "
+                "it must be an integer >= 0"
+            )
+        if not isinstance(seed, int):
+            raise AttentionConfigError(
+                f"attention.seed={seed} is not allowed; it must be an integer"
             )
         self.num_landmarks = num_landmarks
+        self.landmarks = landmarks
+        self.kmeans_iterations = kmeans_iterations
+        self.seed = seed
         self.pinv = pinv
         self.pinv_iterations = pinv_iterations
         self.pinv_init = pinv_init
@@ -65,7 +94,8 @@ class NystromAttention(nn.Module):
         self.exact = SoftmaxAttention()
 
     def label(self) -> str:
-        return f"nystrom-{self.num_landmarks}"
+        suffix = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
+        return f"nystrom-{self.num_landmarks}{suffix}"
 
     def pseudo_inverse(self, a: Tensor) -> Tensor:
         """pinv of the landmark kernel a: (B, H, m, m), in float32 or wider."""
@@ -82,8 +112,15 @@ class NystromAttention(nn.Module):
         pseudo-inverse maps to zero, so they drop out of the product.
         """
         scale = 1.0 / math.sqrt(q.shape[-1])
-        q_land, exists = segment_means(q, self.num_landmarks, key_padding_mask)
-        k_land, _ = segment_means(k, self.num_landmarks, key_padding_mask)
+        q_land, k_land, exists = select_landmarks(
+            q,
+            k,
+            self.num_landmarks,
+            key_padding_mask,
+            self.landmarks,
+            self.kmeans_iterations,
+            self.seed,
+        )
         land_cols = None if exists is None else exists[:, None, None, :]
         land_rows = 1.0 if exists is None else exists[:, None, :, None].to(q.dtype)
         token_cols = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
