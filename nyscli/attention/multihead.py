@@ -22,9 +22,7 @@ class ValueConvSkip(nn.Module):
     def __init__(self, num_heads: int, kernel_size: int) -> None:
         super().__init__()
         self.kernel_size = kernel_size
-        self.conv = nn.Conv2d(
-            num_heads, num_heads, (kernel_size, 1), groups=num_heads, bias=False
-        )
+        self.conv = nn.Conv2d(num_heads, num_heads, (kernel_size, 1), groups=num_heads, bias=False)
 
     def forward(self, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         v = zero_padded(v, key_padding_mask)

@@ -29,7 +29,9 @@ def iterative_pinv(a: Tensor, iterations: int = 6, init: str = "per_matrix") -> 
     the largest column sum times the largest row sum over the whole batch.
     """
     if init not in PINV_INITS:
-        raise AttentionConfigError(f"pinv_init '{init}' is not allowed; choose one of: {', '.join(PINV_INITS)}")
+        raise AttentionConfigError(
+            f"pinv_init '{init}' is not allowed; choose one of: {', '.join(PINV_INITS)}"
+        )
     with torch.autocast(device_type=a.device.type, enabled=False):
         a = a.to(_working_dtype(a))
         tiny = torch.finfo(a.dtype).tiny

@@ -1,0 +1,175 @@
+"""The bridge from a Typer command to Hydra: overrides in, a composed config and a run folder out.
+
+Each command turns its typed options into Hydra override strings, appends the free overrides
+and hands everything to Hydra's own entry point (``_run_hydra``), so multirun, launcher plugins,
+``--cfg``, ``.hydra/`` and callbacks behave exactly as in a ``@hydra.main`` script. Before
+launching, every job's config is composed and validated, so a typo fails in one line with exit
+code 2 instead of deep inside a sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import traceback
+from datetime import datetime
+from pathlib import Path
+
+import hydra
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import _run_hydra, get_args_parser
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from nyscli.attention import AttentionConfigError
+from nyscli.errors import UserInputError
+from nyscli.experiments import experiment_module
+from nyscli.report.console import console
+from nyscli.report.env import collect_env
+from nyscli.report.files import write_csv, write_json, write_text
+from nyscli.report.runs import ERROR_FILE, RESULTS_FILE
+
+log = logging.getLogger("nys")
+
+CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+OUTPUT_ROOT = "outputs"
+USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
+
+
+class Abort(BaseException):
+    """Leaves Hydra's job runner untouched (it only catches Exception) with an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message, and its cause's, on one line."""
+    # Hydra appends its whole config search path to missing-config errors: noise for users.
+    text = " ".join(str(error).split("Config search path")[0].split())
+    cause = error.__cause__
+    if cause is not None and str(cause).strip():
+        first = str(cause).strip().splitlines()[0].strip()
+        if first not in text:
+            text += f" ({first})"
+    return text
+
+
+def claim_dir(base: Path) -> Path:
+    """Create ``base`` (or ``base_1``, ``base_2``, ...) atomically: folders are never reused."""
+    for i in itertools.count():
+        candidate = base if i == 0 else base.with_name(f"{base.name}_{i}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the launch would run (one list unless multirun)."""
+    if not multirun:
+        return [overrides]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
+    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one."""
+    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    module = experiment_module(command)
+    with hydra.initialize_config_dir(
+        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
+    ):
+        for job in job_overrides(task_overrides, multirun):
+            module.validate(hydra.compose(config_name=command, overrides=job))
+
+
+def make_task(command: str):
+    """The Hydra task function of ``command``: run the experiment, write results and env."""
+
+    def task(cfg: DictConfig) -> None:
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        module = experiment_module(command)
+        write_json(collect_env(str(cfg.get("device", "cpu"))), run_dir / "env.json")
+        try:
+            module.validate(cfg)
+            df = module.run(cfg, run_dir, console)
+        except USER_ERRORS as error:
+            message = one_line(error)
+            write_text(message + "\n", run_dir / ERROR_FILE)
+            if not multirun:
+                raise Abort(message, 2) from error
+            log.error("job failed: %s", message)
+            return
+        except Exception as error:
+            write_text(f"{one_line(error)}\n\n{traceback.format_exc()}", run_dir / ERROR_FILE)
+            if not multirun:
+                raise
+            log.exception("job failed")
+            return
+        write_csv(df, run_dir / RESULTS_FILE)
+        console.print(module.render(df))
+        log.info("results: %s", run_dir / RESULTS_FILE)
+
+    task.__module__ = __name__
+    return task
+
+
+def _overrides_key(overrides: list[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+
+
+def launch(command: str, arguments: list[str]) -> int:
+    """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
+    parser = get_args_parser()
+    parser.prog = f"nys {command}"
+    args = parser.parse_intermixed_args(arguments)
+    hydra.version.setbase("1.3")
+    multirun = bool(args.multirun) or "hydra.mode=MULTIRUN" in args.overrides
+    inspecting = bool(
+        args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
+    )
+    sweep_dir = None
+    if not inspecting:
+        try:
+            validate_jobs(command, list(args.overrides), multirun)
+        except USER_ERRORS as error:
+            console.print(f"[red]error:[/] {one_line(error)}", highlight=False, soft_wrap=True)
+            return 2
+        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        root = Path(OUTPUT_ROOT) / command
+        if multirun and not _overrides_key(args.overrides, "hydra.sweep.dir"):
+            sweep_dir = claim_dir(root / "multirun" / stamp)
+            args.overrides.append(f"hydra.sweep.dir={sweep_dir}")
+        elif not multirun and not _overrides_key(args.overrides, "hydra.run.dir"):
+            args.overrides.append(f"hydra.run.dir={claim_dir(root / stamp)}")
+    try:
+        _run_hydra(
+            args=args,
+            args_parser=parser,
+            task_function=make_task(command),
+            config_path=str(CONF_DIR),
+            config_name=command,
+        )
+    except Abort as abort:
+        console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
+        return abort.code
+    if sweep_dir is not None:
+        failed = sorted(sweep_dir.glob(f"*/{ERROR_FILE}"))
+        if failed:
+            console.print(
+                f"[red]{len(failed)} job(s) failed[/]; see {', '.join(str(f) for f in failed)}"
+            )
+            return 1
+    return 0

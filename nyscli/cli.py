@@ -1,0 +1,119 @@
+"""The ``nys`` command line: Typer commands whose typed options become Hydra overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from omegaconf import OmegaConf
+
+from nyscli.bridge import CONF_DIR, launch
+from nyscli.errors import UserInputError
+from nyscli.report.console import console
+
+app = typer.Typer(
+    help="nys: measure and reproduce Nyström attention and its rivals (Xiong et al., AAAI 2021).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+HYDRA_COMMAND = {"allow_extra_args": True, "ignore_unknown_options": True}
+OVERRIDES_HELP = (
+    "Hydra overrides (key=value, group=option; with -m, comma lists sweep), and Hydra flags "
+    "such as --cfg job."
+)
+
+
+def complete_overrides(command: str):
+    """Tab completion of ``group=option`` from conf/ and of the primary config's keys."""
+
+    def complete(incomplete: str) -> list[str]:
+        choices = []
+        for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"):
+            choices += [f"{group.name}={opt.stem}" for opt in sorted(group.glob("*.yaml"))]
+        primary = CONF_DIR / f"{command}.yaml"
+        if primary.exists():
+            keys = OmegaConf.load(primary).keys()
+            choices += [f"{k}=" for k in keys if k not in ("defaults", "hydra")]
+        return [c for c in choices if c.startswith(incomplete)]
+
+    return complete
+
+
+def _list(values: list | None) -> str:
+    return "[" + ",".join(str(v) for v in values) + "]"
+
+
+def run_hydra_command(
+    command: str, typed: dict[str, object], overrides: list[str] | None, multirun: bool
+) -> None:
+    """Typed options (None = keep the YAML default) + free overrides -> Hydra."""
+    arguments = [f"{key}={value}" for key, value in typed.items() if value is not None]
+    arguments += list(overrides or [])
+    if multirun:
+        arguments.insert(0, "--multirun")
+    raise typer.Exit(launch(command, arguments))
+
+
+@app.command(context_settings=HYDRA_COMMAND)
+def bench(
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, show_default=False, autocompletion=complete_overrides("bench")
+    ),
+    seq_len: list[int] = typer.Option(
+        None, "--seq-len", "-n", help="Sequence length; repeat for a grid (sets seq_lens)."
+    ),
+    attention_set: str = typer.Option(
+        None, help="Rows to measure: table1, all, none (plus attention=... if given)."
+    ),
+    scope: str = typer.Option(
+        None,
+        help="module (projections + attention, the paper's protocol) or core (q,k,v -> out only).",
+    ),
+    mode: str = typer.Option(None, help="forward (inference) or train (forward + backward)."),
+    dtype: str = typer.Option(None, help="fp32, bf16 or fp16 (bf16/fp16 via autocast)."),
+    device: str = typer.Option(None, help="auto, cpu or cuda."),
+    batch_size: int = typer.Option(None, help="Batch size (paper: 1)."),
+    repeats: int = typer.Option(None, help="Most timed repeats per point (median reported)."),
+    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+) -> None:
+    """Table 1: time and peak memory of one self-attention module vs sequence length."""
+    typed = {
+        "seq_lens": _list(seq_len) if seq_len else None,
+        "attention_set": attention_set,
+        "scope": scope,
+        "mode": mode,
+        "dtype": dtype,
+        "device": device,
+        "batch_size": batch_size,
+        "repeats": repeats,
+    }
+    run_hydra_command("bench", typed, overrides, multirun)
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run folders, sweep folders or outputs/ itself."),
+    out: Path = typer.Option(
+        None, help="Where to write the combined CSV (default: PATH/summary.csv for one PATH)."
+    ),
+) -> None:
+    """Aggregate run folders (also partly failed sweeps) into one table and one CSV."""
+    from nyscli.experiments.report import show_report
+
+    if out is None and len(paths) == 1 and paths[0].is_dir():
+        out = paths[0] / "summary.csv"
+    try:
+        show_report(paths, out)
+    except UserInputError as error:
+        console.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""One module per command. Each exposes ``validate(cfg)``, ``run(cfg, run_dir, console)`` and
+``render(df)``; the CLI bridge (``nyscli.bridge``) does the rest (run folder, CSV, env.json)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# command name -> (module, primary config name in conf/)
+COMMANDS: dict[str, str] = {
+    "bench": "nyscli.experiments.bench",
+}
+
+
+def experiment_module(command: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[command])

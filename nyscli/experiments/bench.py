@@ -1,0 +1,281 @@
+"""``nys bench``: time and peak memory of one self-attention module vs sequence length.
+
+The paper's Table 1 protocol: one input instance through one self-attention module (default
+BERT-base sized), every (attention, n) point measured in a fresh process (see
+``bench_worker``), out-of-memory and over-time points marked while the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
+from nyscli.errors import UserInputError
+from nyscli.experiments.bench_worker import DTYPES, RESULT_PREFIX
+from nyscli.report.plots import loglog_panels
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("module", "core")
+MODES = ("forward", "train")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= 1")
+    return value
+
+
+def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")
+    return str(value)
+
+
+def user_selected_attention() -> bool:
+    """True if the command line chose an ``attention`` (``attention=x`` or ``attention.k=v``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return any(key.split(".", 1)[0] == "attention" for key in keys)
+
+
+def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, Any]]:
+    """The attention configs to measure: the ``attention_set``'s rows, plus the ``attention``
+    config when the user picked one (so ``nys bench attention=x`` measures x beside the set)."""
+    rows = [OmegaConf.to_container(row, resolve=True) for row in cfg.attention_rows]
+    if include_selected:
+        rows.append(OmegaConf.to_container(cfg.attention, resolve=True))
+    unique: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        unique.setdefault(row_label(row), row)
+    return list(unique.values())
+
+
+def row_label(attention: dict[str, Any]) -> str:
+    label = build_attention(attention).label()
+    kernel = attention.get("conv_kernel_size") or 0
+    return f"{label}+conv{kernel}" if kernel else label
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(
+            "device=cuda is not allowed here: no CUDA device is available; use cpu or auto"
+        )
+    return name
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cheap checks of every value before any measurement starts."""
+    seq_lens = list(cfg.seq_lens)
+    if not seq_lens:
+        raise UserInputError("seq_lens is empty; give at least one sequence length >= 1")
+    for n in seq_lens:
+        _positive_int(n, "seq_len")
+    for key in ("batch_size", "hidden", "num_heads", "repeats", "min_repeats"):
+        _positive_int(cfg[key], key)
+    _choice(cfg.scope, "scope", SCOPES)
+    _choice(cfg.mode, "mode", MODES)
+    _choice(cfg.dtype, "dtype", tuple(DTYPES))
+    _choice(cfg.device, "device", DEVICES)
+    resolve_device(cfg.device)
+    if cfg.hidden % cfg.num_heads:
+        raise UserInputError(f"hidden={cfg.hidden} is not divisible by num_heads={cfg.num_heads}")
+    try:
+        for row in attention_rows(cfg, include_selected=True):
+            MultiHeadAttention(8 * cfg.num_heads, cfg.num_heads, row)
+    except AttentionConfigError as error:
+        raise UserInputError(str(error)) from error
+
+
+def memory_limit_mb(cfg: DictConfig) -> float | None:
+    """The per-point virtual-memory cap: the config's, or 90% of the memory available now."""
+    if cfg.memory_limit_mb is not None:
+        return float(cfg.memory_limit_mb)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024 * 0.9
+    except OSError:
+        pass
+    return None
+
+
+def run_point(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Measure one point in a fresh interpreter; map a crash or timeout to a row status."""
+    command = [sys.executable, "-m", "nyscli.experiments.bench_worker", json.dumps(spec)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"over timeout_s={timeout_s}"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    if done.returncode < 0:  # killed by a signal: on Linux almost always the OOM killer
+        return {"status": "oom", "error": f"worker killed by signal {-done.returncode}"}
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": "error", "error": last[:300]}
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    device = resolve_device(cfg.device)
+    rows = attention_rows(cfg, include_selected=user_selected_attention())
+    seq_lens = sorted(set(cfg.seq_lens))
+    common = {
+        "batch_size": cfg.batch_size,
+        "hidden": cfg.hidden,
+        "num_heads": cfg.num_heads,
+        "scope": cfg.scope,
+        "mode": cfg.mode,
+        "dtype": cfg.dtype,
+        "device": device,
+        "warmup": cfg.warmup,
+        "repeats": cfg.repeats,
+        "min_repeats": cfg.min_repeats,
+        "time_budget_s": cfg.time_budget_s,
+        "seed": cfg.seed,
+        "threads": cfg.threads,
+        "memory_limit_mb": memory_limit_mb(cfg),
+    }
+    records: list[dict[str, Any]] = []
+    # A row that ran out of memory or time at some n is not retried at larger n.
+    stopped: dict[str, str] = {}
+    progress = Progress(
+        TextColumn("[bold]bench[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("", total=len(rows) * len(seq_lens))
+        for n in seq_lens:
+            for row in rows:
+                label = row_label(row)
+                progress.update(task, description=f"{label} n={n}")
+                if label in stopped:
+                    result = {"status": "skipped", "error": f"{stopped[label]} at a smaller n"}
+                else:
+                    result = run_point({**common, "attention": row, "seq_len": n}, cfg.timeout_s)
+                if result["status"] in ("oom", "timeout"):
+                    stopped[label] = result["status"]
+                log.info("%s n=%d: %s", label, n, _describe(result))
+                records.append(
+                    {
+                        "attention": label,
+                        "method": row["name"],
+                        "seq_len": n,
+                        "baseline": cfg.baseline,
+                        **{k: v for k, v in common.items() if k != "memory_limit_mb"},
+                        "attention_config": json.dumps(row, sort_keys=True),
+                        "time_ms": None,
+                        "time_ms_min": None,
+                        "time_ms_iqr": None,
+                        "repeats": None,
+                        "peak_mb": None,
+                        "error": None,
+                        **result,
+                    }
+                )
+                progress.advance(task)
+    df = pd.DataFrame.from_records(records)
+    plot(df, run_dir / "bench.png", cfg)
+    return df
+
+
+def _describe(result: dict[str, Any]) -> str:
+    if result["status"] != "ok":
+        return f"{result['status']} ({result.get('error', '')})"
+    return f"{result['time_ms']:.2f} ms (median of {result['repeats']}), {result['peak_mb']:.1f} MB"
+
+
+def plot(df: pd.DataFrame, path: Path, cfg: DictConfig) -> None:
+    ok = df[df.status == "ok"]
+    if ok.empty:
+        return
+    title = (
+        f"{cfg.scope}, {cfg.mode}, {cfg.dtype}, batch {cfg.batch_size}, "
+        f"{cfg.hidden}/{cfg.num_heads} heads"
+    )
+    loglog_panels(
+        ok,
+        "seq_len",
+        [("time_ms", "time (ms)"), ("peak_mb", "peak memory (MB)")],
+        "attention",
+        path,
+        title,
+    )
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> Table:
+    seq_lens = sorted(df.seq_len.unique())
+    table = Table(title=title, title_justify="left")
+    table.add_column("attention", style="bold")
+    for n in seq_lens:
+        table.add_column(f"n={n}", justify="right")
+    base = {}
+    if baseline is not None:
+        ref = df[(df.row == baseline) & (df.status == "ok")]
+        base = dict(zip(ref.seq_len, ref[column], strict=True))
+    for row, group in df.groupby("row", sort=False):
+        cells = []
+        by_n = {r.seq_len: r for r in group.itertuples()}
+        for n in seq_lens:
+            point = by_n.get(n)
+            if point is None:
+                cells.append("")
+            elif point.status != "ok":
+                cells.append(f"[red]{point.status.upper()}[/]")
+            elif n in base and base[n] > 0 and row != baseline:
+                value = getattr(point, column)
+                cells.append(f"{_fmt(value)} [dim]({value / base[n]:.3g}×)[/]")
+            else:
+                cells.append(_fmt(getattr(point, column)))
+        table.add_row(str(row), *cells)
+    return table
+
+
+def render(df: pd.DataFrame) -> RenderableType:
+    """Table-1 layout: attention rows, n across; memory then time, × = value / baseline's."""
+    df = df.copy()
+    baseline = str(df["baseline"].iloc[0]) if "baseline" in df else ""
+    jobs = df["job"].fillna("") if "job" in df else pd.Series("", index=df.index)
+    df["row"] = [f"{a} [{j}]" if j else a for a, j in zip(df.attention, jobs, strict=True)]
+    matches = [r for r in df.row.unique() if r.split(" [")[0] == baseline]
+    base_row = matches[0] if len(matches) == 1 else None
+    context = df.iloc[0]
+    caption = (
+        f"{context['scope']}, {context['mode']}, {context['dtype']}, {context['device']}, "
+        f"batch {context['batch_size']}, hidden {context['hidden']}/{context['num_heads']} heads"
+    )
+    if base_row:
+        caption += f"; (×) = value / {base_row}'s at the same n"
+    return Group(
+        _table(df, "peak_mb", f"Peak memory (MB) — {caption}", base_row),
+        _table(df, "time_ms", "Time (ms, median)", base_row),
+    )

@@ -1,0 +1,119 @@
+"""Measure one grid point of ``nys bench`` (one attention, one n) in a fresh process.
+
+Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``; prints one line
+``NYS_RESULT {json}``. A fresh process per point keeps the CPU peak-RSS reading honest and
+keeps an out-of-memory at one point from ending the whole benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nyscli.attention import MultiHeadAttention, build_attention
+from nyscli.experiments.memory import peak_mb
+from nyscli.experiments.timing import time_call_ms
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RESULT_PREFIX = "NYS_RESULT "
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], object]:
+    """The function timed at this point: one forward (or forward + backward) on random input.
+
+    scope "module": x (B, n, hidden) through MultiHeadAttention (projections included).
+    scope "core": q, k, v (B, H, n, hidden/H) through the attention core only.
+    """
+    torch.manual_seed(spec["seed"])
+    b, n, hidden, heads = spec["batch_size"], spec["seq_len"], spec["hidden"], spec["num_heads"]
+    train = spec["mode"] == "train"
+    dtype = DTYPES[spec["dtype"]]
+    if spec["scope"] == "module":
+        model = MultiHeadAttention(hidden, heads, spec["attention"]).to(device)
+        inputs = [torch.randn(b, n, hidden, device=device, requires_grad=train)]
+    else:
+        model = build_attention(spec["attention"]).to(device)
+        shape = (b, heads, n, hidden // heads)
+        inputs = [torch.randn(shape, device=device, requires_grad=train) for _ in range(3)]
+    model.train(train)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def forward() -> torch.Tensor:
+        with autocast:
+            return model(*inputs)
+
+    def forward_backward() -> None:
+        out = forward()
+        out.float().sum().backward()
+        for tensor in [*inputs, *model.parameters()]:
+            tensor.grad = None
+
+    def inference() -> torch.Tensor:
+        with torch.inference_mode():
+            return forward()
+
+    return forward_backward if train else inference
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Median time over repeats after warm-up, and the peak memory of one call."""
+    device = torch.device(spec["device"])
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    call = build_call(spec, device)
+    for _ in range(max(1, spec["warmup"])):
+        call()
+    # The first measured call also gives the memory peak; its time is a sample like the rest.
+    times: list[float] = []
+    memory = peak_mb(lambda: times.append(time_call_ms(call, device)), device)
+    budget_repeats = int(spec["time_budget_s"] * 1000.0 / max(times[0], 1e-3))
+    repeats = max(spec["min_repeats"], min(spec["repeats"], budget_repeats))
+    times += [time_call_ms(call, device) for _ in range(repeats - 1)]
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return {
+        "status": "ok",
+        "time_ms": statistics.median(times),
+        "time_ms_min": min(times),
+        "time_ms_iqr": quartiles[2] - quartiles[0],
+        "repeats": len(times),
+        "peak_mb": memory,
+    }
+
+
+def is_oom(error: BaseException) -> bool:
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return any(text in str(error).lower() for text in OOM_MESSAGES)
+
+
+def limit_address_space(limit_mb: float | None) -> None:
+    """Cap virtual memory so a too-large point fails with an allocation error (marked OOM)
+    instead of pushing the machine into swap or the kernel's OOM killer."""
+    if limit_mb:
+        limit = int(limit_mb * 1024 * 1024)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    if spec["device"] == "cpu":
+        limit_address_space(spec.get("memory_limit_mb"))
+    try:
+        result = measure(spec)
+    except Exception as error:  # one point failing must not end the benchmark
+        status = "oom" if is_oom(error) else "error"
+        result = {"status": status, "error": " ".join(str(error).split())[:300]}
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Hydra callback that keeps ``summary.csv`` of a sweep up to date, job by job.
+
+It is rebuilt from the job folders on disk (never from memory) after every job, so a sweep
+whose later jobs fail or that is interrupted still has a summary of what finished; the end of
+the sweep rebuilds it once more and prints the table.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from nyscli.experiments.report import show_report
+from nyscli.report.files import write_csv
+from nyscli.report.runs import aggregate, find_run_folders, load_run
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.csv"
+
+
+def write_summary(sweep_dir: Path) -> Path | None:
+    runs = [load_run(p) for p in find_run_folders([sweep_dir])]
+    if not runs:
+        return None
+    return write_csv(aggregate(runs), sweep_dir / SUMMARY_FILE)
+
+
+class SweepSummary(Callback):
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            write_summary(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        path = write_summary(sweep_dir)
+        if path is not None:
+            show_report([sweep_dir])
+            log.info("sweep summary: %s", path)

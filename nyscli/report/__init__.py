@@ -1,0 +1,1 @@
+"""Run folders, atomic CSV/JSON writing, environment capture, tables and sweep summaries."""

@@ -1,0 +1,43 @@
+"""PNG plots (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def loglog_panels(
+    df: pd.DataFrame,
+    x: str,
+    panels: list[tuple[str, str]],
+    line: str,
+    path: Path,
+    title: str = "",
+) -> Path:
+    """One log-log panel per (column, axis label) in ``panels``, one line per value of ``line``.
+
+    Rows with a missing y value (e.g. out of memory) are left out of their line.
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (column, label) in zip(axes[0], panels, strict=True):
+        for name, group in df.dropna(subset=[column]).groupby(line, sort=False):
+            group = group.sort_values(x)
+            ax.loglog(group[x], group[column], marker="o", label=str(name))
+        ax.set_xlabel(x)
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,94 @@
+"""Find run folders on disk and gather their results into one DataFrame.
+
+A run folder is any directory holding ``.hydra/config.yaml`` (single runs and the per-job
+folders of a sweep alike). A run without ``results.csv`` is reported as failed, so a partly
+failed sweep still aggregates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from nyscli.errors import UserInputError
+
+ERROR_FILE = "error.txt"
+RESULTS_FILE = "results.csv"
+
+
+@dataclass
+class RunFolder:
+    """One run: where it is, which command made it, its overrides, and its results if any."""
+
+    path: Path
+    command: str
+    overrides: list[str]
+    results: pd.DataFrame | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.results is not None
+
+
+def find_run_folders(paths: list[Path]) -> list[Path]:
+    """Every run folder at or below each path, sorted; a missing path is a UserInputError."""
+    found: set[Path] = set()
+    for path in paths:
+        path = Path(path)
+        if not path.is_dir():
+            raise UserInputError(f"{path} is not a directory; give run folders or a parent of them")
+        found.update(cfg.parent.parent for cfg in path.rglob(".hydra/config.yaml"))
+    return sorted(found)
+
+
+def load_run(path: Path) -> RunFolder:
+    config = OmegaConf.load(path / ".hydra" / "config.yaml")
+    overrides_file = path / ".hydra" / "overrides.yaml"
+    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
+    results_file = path / RESULTS_FILE
+    results = pd.read_csv(results_file) if results_file.exists() else None
+    error_file = path / ERROR_FILE
+    if error_file.exists():
+        error = error_file.read_text().strip().splitlines()[0]
+    elif results is None:
+        error = "no results.csv (the run failed or is still running)"
+    else:
+        error = None
+    command = str(config.get("command", "unknown"))
+    return RunFolder(path, command, [str(o) for o in overrides], results, error)
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(o.partition("=")[::2] for o in overrides)
+
+
+def sweep_overrides(runs: list[RunFolder]) -> list[str]:
+    """Override keys whose value (or presence) differs between runs: they tell jobs apart."""
+    given = [_as_dict(run.overrides) for run in runs]
+    keys = dict.fromkeys(k for g in given for k in g)
+    return [k for k in keys if len({g.get(k) for g in given}) > 1]
+
+
+def aggregate(runs: list[RunFolder]) -> pd.DataFrame:
+    """All successful runs' results stacked, each row tagged with its run folder and ``job``.
+
+    ``job`` is the run's overrides that vary across the given runs (e.g.
+    ``attention.num_landmarks=16``): it tells the rows of different sweep jobs apart.
+    """
+    keys = sweep_overrides(runs)
+    frames = []
+    for run in runs:
+        if run.results is None:
+            continue
+        frame = run.results.copy()
+        given = _as_dict(run.overrides)
+        frame.insert(0, "job", " ".join(f"{k}={given[k]}" for k in keys if k in given))
+        frame.insert(1, "run_dir", str(run.path))
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=["job", "run_dir"])
+    return pd.concat(frames, ignore_index=True)

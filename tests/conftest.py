@@ -1,0 +1,40 @@
+"""Shared fixtures: float64 inputs with structure along the sequence, and CLI helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def smooth_qkv(b: int, h: int, n: int, d: int, seed: int = 0, dtype=torch.float64):
+    """q, k, v (b, h, n, d) that vary smoothly along n (a random walk), so attention has the
+    low-rank structure segment means exploit; i.i.d. noise would make every method look bad."""
+    gen = torch.Generator().manual_seed(seed)
+    steps = torch.randn(3, b, h, n, d, generator=gen, dtype=dtype) / n**0.5
+    walk = steps.cumsum(dim=3) * 2.0
+    return walk[0], walk[1], torch.randn(b, h, n, d, generator=gen, dtype=dtype)
+
+
+@pytest.fixture
+def run_nys(tmp_path):
+    """Run the real ``nys`` console entry point in a subprocess inside tmp_path."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+        return subprocess.run(
+            [sys.executable, "-m", "nyscli.cli", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+
+    return run

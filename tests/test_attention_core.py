@@ -1,0 +1,247 @@
+"""The math of the exact and Nyström cores, in float64 against plain references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
+from nyscli.attention.landmarks import segment_means
+from nyscli.attention.pinv import exact_pinv, iterative_pinv
+from tests.conftest import smooth_qkv
+
+
+def reference_attention(q, k, v, keep=None):
+    """softmax(q k^T / sqrt(d)) v with the n x n matrix written out; keep: (B, n) bool."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def nystrom(**kwargs):
+    return build_attention({"name": "nystrom", **kwargs})
+
+
+@pytest.mark.parametrize("name", ["softmax", "softmax_naive"])
+def test_exact_cores_match_reference(name):
+    q, k, v = smooth_qkv(2, 3, 37, 8)
+    keep = torch.ones(2, 37, dtype=torch.bool)
+    keep[1, 30:] = False
+    core = build_attention({"name": name})
+    torch.testing.assert_close(core(q, k, v), reference_attention(q, k, v), rtol=0, atol=1e-12)
+    masked = core(q, k, v, keep)
+    torch.testing.assert_close(masked, reference_attention(q, k, v, keep), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["softmax", "softmax_naive"])
+def test_causal_exact_cores(name):
+    q, k, v = smooth_qkv(1, 2, 19, 4)
+    out = build_attention({"name": name, "causal": True})(q, k, v)
+    scores = q @ k.transpose(-1, -2) / 2.0
+    scores = scores.masked_fill(~torch.ones(19, 19, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [64, 50])
+def test_lemma2_unit_segments_exact_pinv_reproduce_softmax(n):
+    """m = n: every token is its own landmark and F A^+ B = S exactly (the paper's Lemma 2)."""
+    q, k, v = smooth_qkv(2, 2, n, 8)
+    core = nystrom(num_landmarks=n, pinv="exact")
+    f, a, b = core.kernels(q, k)
+    approx = f @ exact_pinv(a) @ b @ v
+    assert (approx - reference_attention(q, k, v)).abs().max() <= 1e-6
+
+
+def test_landmarks_at_least_n_is_exact_attention():
+    q, k, v = smooth_qkv(1, 2, 40, 8)
+    out = nystrom(num_landmarks=64)(q, k, v)
+    torch.testing.assert_close(out, reference_attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_segment_means_uneven_segments_match_manual_split():
+    """n = 10, m = 4: segments of sizes 3, 2, 3, 2 (sizes differ by at most one)."""
+    x = torch.arange(10, dtype=torch.float64).reshape(1, 1, 10, 1)
+    landmarks, exists = segment_means(x, 4, None)
+    expected = torch.tensor(
+        [1.0, 3.5, 6.0, 8.5], dtype=torch.float64
+    )  # means of 0-2, 3-4, 5-7, 8-9
+    torch.testing.assert_close(landmarks.flatten(), expected)
+    assert exists is None
+
+
+def test_segment_means_ignore_padding():
+    x = torch.arange(10, dtype=torch.float64).reshape(1, 1, 10, 1).repeat(2, 1, 1, 1)
+    keep = torch.ones(2, 10, dtype=torch.bool)
+    keep[1, 6:] = False  # second sequence: 6 real tokens -> segments 0-2, 3-5
+    landmarks, exists = segment_means(x, 2, keep)
+    torch.testing.assert_close(
+        landmarks[1].flatten(), torch.tensor([1.0, 4.0], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        landmarks[0].flatten(), torch.tensor([2.0, 7.0], dtype=torch.float64)
+    )
+    assert exists.all()
+
+
+def test_iterative_pinv_approaches_exact_pinv():
+    """Landmark kernels here have condition numbers up to ~2e5; the third-order iteration
+    needs ~30 steps to reach them, so the distance to pinv is checked up to 40."""
+    q, k, _ = smooth_qkv(2, 3, 256, 16, seed=1)
+    _, a, _ = nystrom(num_landmarks=16).kernels(q, k)
+    exact = torch.linalg.pinv(a)
+    errors = [
+        ((iterative_pinv(a, iters) - exact).norm() / exact.norm()).item()
+        for iters in (1, 2, 4, 8, 16, 24, 32, 40)
+    ]
+    assert all(later <= earlier + 1e-12 for earlier, later in zip(errors, errors[1:], strict=False))
+    assert errors[-1] < 1e-8 and errors[0] > 0.5
+
+
+def test_original_init_also_converges_and_residual_falls():
+    q, k, _ = smooth_qkv(2, 3, 256, 16, seed=2)
+    _, a, _ = nystrom(num_landmarks=32).kernels(q, k)
+    residuals = []
+    for iters in (2, 6, 10, 25):
+        z = iterative_pinv(a, iters, init="original")
+        residuals.append(((a @ z @ a - a).norm() / a.norm()).item())
+    assert residuals == sorted(residuals, reverse=True)
+    assert residuals[-1] < 1e-6
+
+
+def test_nystrom_error_falls_as_landmarks_grow():
+    """With the paper's 6-step iterative pinv. (The exact pinv is not monotone here: the
+    landmark kernels are ill-conditioned and their exact inverse amplifies the residual.)"""
+    q, k, v = smooth_qkv(1, 4, 512, 32, seed=3)
+    exact = reference_attention(q, k, v)
+    errors = []
+    for m in (4, 16, 64, 256):
+        out = nystrom(num_landmarks=m)(q, k, v)
+        errors.append(((out - exact).norm() / exact.norm()).item())
+    assert errors == sorted(errors, reverse=True)
+    assert errors[0] > 0.2 and errors[-1] < 0.06
+
+
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("softmax", {}),
+        ("softmax_naive", {}),
+        ("nystrom", {"num_landmarks": 8}),
+        ("nystrom", {"num_landmarks": 8, "pinv": "exact"}),
+    ],
+)
+def test_masked_tokens_never_change_unmasked_outputs(name, kwargs):
+    q, k, v = smooth_qkv(2, 2, 45, 8, seed=4)
+    keep = torch.ones(2, 45, dtype=torch.bool)
+    keep[0, 31:] = False
+    keep[1, 5:9] = False  # padding in the middle too
+    core = build_attention({"name": name, **kwargs})
+    before = core(q, k, v, keep)
+    q2, k2, v2 = (t.clone() for t in (q, k, v))
+    for t in (q2, k2, v2):
+        t[~keep[:, None, :, None].expand_as(t)] = 1e3 * torch.randn(
+            int((~keep).sum()) * 2 * 8, dtype=t.dtype
+        )
+    after = core(q2, k2, v2, keep)
+    real = keep[:, None, :, None].expand_as(before)
+    assert (
+        torch.equal(before[real], after[real]) or (before[real] - after[real]).abs().max() < 1e-10
+    )
+
+
+def test_masked_nystrom_equals_nystrom_on_the_unpadded_sequence():
+    q, k, v = smooth_qkv(1, 2, 50, 8, seed=5)
+    keep = torch.ones(1, 50, dtype=torch.bool)
+    keep[0, 37:] = False
+    core = nystrom(num_landmarks=6)
+    padded = core(q, k, v, keep)[:, :, :37]
+    trimmed = core(q[:, :, :37], k[:, :, :37], v[:, :, :37])
+    torch.testing.assert_close(padded, trimmed, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("n,m", [(1000, 64), (1, 64), (7, 64), (65, 64), (129, 32)])
+def test_odd_lengths(n, m):
+    q, k, v = smooth_qkv(1, 2, n, 8, seed=6)
+    out = nystrom(num_landmarks=m)(q, k, v)
+    assert out.shape == (1, 2, n, 8) and torch.isfinite(out).all()
+    # Rows of the implied attention sum to ~1, so outputs stay within v's range.
+    assert out.abs().max() <= 1.5 * v.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["softmax", "softmax_naive", "nystrom"])
+def test_low_precision_is_finite_and_close(dtype, name):
+    q, k, v = smooth_qkv(1, 2, 256, 16, seed=7, dtype=torch.float32)
+    core = build_attention(
+        {"name": name} if name != "nystrom" else {"name": name, "num_landmarks": 32}
+    )
+    reference = core(q, k, v)
+    low = core(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert low.dtype == dtype and torch.isfinite(low).all()
+    assert ((low.float() - reference).norm() / reference.norm()) < 0.05
+
+
+def test_pinv_runs_in_fp32_under_autocast():
+    q, k, _ = smooth_qkv(1, 2, 128, 16, seed=8, dtype=torch.float32)
+    _, a, _ = nystrom(num_landmarks=16).kernels(q, k)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = iterative_pinv(a.to(torch.bfloat16))
+    assert z.dtype == torch.float32
+
+
+def test_gradcheck_nystrom_and_multihead():
+    q, k, v = (t.requires_grad_() for t in smooth_qkv(1, 2, 12, 4, seed=9))
+    core = nystrom(num_landmarks=4)
+    assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c), (q, k, v))
+    mha = MultiHeadAttention(
+        8, 2, {"name": "nystrom", "num_landmarks": 3, "conv_kernel_size": 3}
+    ).double()
+    x = torch.randn(1, 10, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(mha, (x,))
+
+
+def test_conv_skip_ignores_padding_and_matches_manual_depthwise_conv():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, {"name": "softmax", "conv_kernel_size": 5}).double()
+    v = torch.randn(1, 2, 9, 4, dtype=torch.float64)
+    weight = mha.conv_skip.conv.weight  # (H, 1, 5, 1)
+    out = mha.conv_skip(v)
+    padded = torch.nn.functional.pad(v, (0, 0, 2, 2))
+    manual = (
+        torch.stack(
+            [
+                sum(weight[h, 0, j, 0] * padded[:, h, i + j] for j in range(5))
+                for i in range(9)
+                for h in range(2)
+            ],
+            dim=1,
+        )
+        .reshape(1, 9, 2, 4)
+        .transpose(1, 2)
+    )
+    torch.testing.assert_close(out, manual)
+    keep = torch.ones(1, 9, dtype=torch.bool)
+    keep[0, 7:] = False
+    v2 = v.clone()
+    v2[:, :, 7:] += 100
+    torch.testing.assert_close(mha.conv_skip(v, keep)[:, :, :7], mha.conv_skip(v2, keep)[:, :, :7])
+
+
+@pytest.mark.parametrize(
+    "config,fragment",
+    [
+        ({"name": "nystrom", "causal": True}, "cannot be causal"),
+        ({"name": "nystrom", "num_landmarks": 0}, "num_landmarks=0"),
+        ({"name": "nystrom", "pinv": "svd"}, "pinv=svd"),
+        ({"name": "nystrom", "pinv_init": "x"}, "pinv_init=x"),
+        ({"name": "nope"}, "unknown attention 'nope'"),
+        ({"name": "softmax", "landmarks": 3}, "has no option landmarks"),
+    ],
+)
+def test_bad_configs_raise_one_line_errors(config, fragment):
+    with pytest.raises(AttentionConfigError, match=fragment) as info:
+        build_attention(config)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,130 @@
+"""The real `nys` entry point end to end, in temporary folders: runs, sweeps, reports, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nyscli.bridge import claim_dir, one_line
+from nyscli.cli import complete_overrides
+
+TINY = ["hidden=32", "num_heads=2", "repeats=2", "min_repeats=1", "warmup=1"]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in root.rglob(".hydra/config.yaml"))
+
+
+def test_help_lists_every_command(run_nys):
+    done = run_nys("--help")
+    assert done.returncode == 0
+    for command in ("bench", "report"):
+        assert command in done.stdout
+
+
+def test_cfg_job_prints_composed_config(run_nys):
+    done = run_nys("bench", "--cfg", "job", "attention=softmax", "--seq-len", "77")
+    assert done.returncode == 0, done.stderr
+    assert "name: softmax" in done.stdout and "- 77" in done.stdout
+    assert not (Path(done.args[0]).parent / "outputs").exists()
+
+
+def test_single_bench_run_writes_a_complete_run_folder(run_nys, tmp_path):
+    done = run_nys(
+        "bench",
+        "-n",
+        "64",
+        "-n",
+        "96",
+        "attention_set=none",
+        "attention=nystrom",
+        "attention.num_landmarks=16",
+        *TINY,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(tmp_path / "outputs" / "bench")
+    for name in ("results.csv", "env.json", "bench.log", "bench.png", ".hydra/overrides.yaml"):
+        assert (run / name).exists(), name
+    df = pd.read_csv(run / "results.csv")
+    assert list(df.attention) == ["nystrom-16", "nystrom-16"]
+    assert list(df.seq_len) == [64, 96]
+    assert (df.status == "ok").all() and (df.time_ms > 0).all() and (df.peak_mb >= 0).all()
+    assert "nystrom-16" in done.stdout and "n=96" in done.stdout
+    # A second run in the same second gets its own folder.
+    again = run_nys("bench", "-n", "64", "attention_set=none", "attention=softmax", *TINY)
+    assert again.returncode == 0
+    assert len(run_dirs(tmp_path / "outputs" / "bench")) == 2
+
+
+def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_job(
+    run_nys, tmp_path
+):
+    done = run_nys(
+        "bench", "-m", "-n", "64", "attention_set=none", "attention.num_landmarks=8,16", *TINY
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [sweep] = list((tmp_path / "outputs" / "bench" / "multirun").iterdir())
+    jobs = run_dirs(sweep)
+    assert len(jobs) == 2
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert sorted(summary.attention) == ["nystrom-16", "nystrom-8"]
+    assert sorted(summary.job) == ["attention.num_landmarks=16", "attention.num_landmarks=8"]
+    # Simulate a job that crashed: no results, an error file.
+    (jobs[0] / "results.csv").unlink()
+    (jobs[0] / "error.txt").write_text("boom: killed\n")
+    report = run_nys("report", str(sweep))
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "1 of 2 runs have results" in report.stdout and "boom: killed" in report.stdout
+    rebuilt = pd.read_csv(sweep / "summary.csv")
+    assert len(rebuilt) == 1
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["attention=nope"], "Could not find 'attention/nope'"),
+        (["attention.num_landmarks=0"], "num_landmarks=0"),
+        (["--seq-len", "-5"], "seq_len=-5"),
+        (["no_such_key=1"], "Could not override 'no_such_key'"),
+        (["scope=everything"], "scope=everything"),
+        (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),
+    ],
+)
+def test_bad_bench_input_is_one_line_and_exit_code_2(run_nys, tmp_path, args, fragment):
+    done = run_nys("bench", *args)
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, output
+    assert fragment in output and "Traceback" not in output
+    assert len(output.splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_report_of_missing_dir_is_one_line_exit_2(run_nys):
+    done = run_nys("report", "/no/such/dir")
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and len(output.splitlines()) == 1 and "/no/such/dir" in output
+
+
+def test_claim_dir_never_reuses_a_folder(tmp_path):
+    first = claim_dir(tmp_path / "2026-01-01_00-00-00")
+    second = claim_dir(tmp_path / "2026-01-01_00-00-00")
+    assert first != second and first.is_dir() and second.is_dir()
+
+
+def test_one_line_joins_cause():
+    try:
+        try:
+            raise RuntimeError("inner\ndetail")
+        except RuntimeError as inner:
+            raise ValueError("outer\n  message") from inner
+    except ValueError as error:
+        assert one_line(error) == "outer message (inner)"
+
+
+def test_completion_offers_config_groups_and_keys():
+    complete = complete_overrides("bench")
+    assert "attention=nystrom" in complete("attention=")
+    assert "attention_set=table1" in complete("attention_s")
+    assert "seq_lens=" in complete("seq")
