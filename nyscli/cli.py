@@ -92,6 +92,33 @@ def bench(
     run_hydra_command("bench", typed, overrides, multirun)
 
 
+@app.command(context_settings=HYDRA_COMMAND)
+def lra(
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, show_default=False, autocompletion=complete_overrides("lra")
+    ),
+    task: str = typer.Option(
+        None, help="listops, text, retrieval, image or pathfinder (the task config group)."
+    ),
+    steps: int = typer.Option(None, help="Optimizer steps (sets trainer.max_steps)."),
+    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
+    seed: int = typer.Option(None, help="Seed of weights, dropout and data order."),
+    resume: str = typer.Option(
+        None, help="true (newest matching run under outputs/lra/) or a run folder to continue."
+    ),
+    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+) -> None:
+    """Table 3: train and test on a Long Range Arena task (attention=... picks the variant)."""
+    typed = {
+        "task": task,
+        "trainer.max_steps": steps,
+        "trainer.batch_size": batch_size,
+        "seed": seed,
+        "resume": resume,
+    }
+    run_hydra_command("lra", typed, overrides, multirun)
+
+
 @app.command()
 def report(
     paths: list[Path] = typer.Argument(..., help="Run folders, sweep folders or outputs/ itself."),

@@ -9,6 +9,7 @@ from types import ModuleType
 # command name -> (module, primary config name in conf/)
 COMMANDS: dict[str, str] = {
     "bench": "nyscli.experiments.bench",
+    "lra": "nyscli.experiments.lra",
 }
 
 
