@@ -245,3 +245,19 @@ def test_bad_configs_raise_one_line_errors(config, fragment):
     with pytest.raises(AttentionConfigError, match=fragment) as info:
         build_attention(config)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("n,m", [(96, 8), (100, 7)])
+def test_fused_forward_equals_explicit_kernel_product(n, m, padded):
+    """forward() runs F (pinv(A) (Bk V)) as two fused SDPA calls; it must equal the product of
+    the written-out kernels."""
+    q, k, v = smooth_qkv(2, 3, n, 8, seed=10)
+    keep = None
+    if padded:
+        keep = torch.ones(2, n, dtype=torch.bool)
+        keep[1, n // 2 :] = False
+    core = nystrom(num_landmarks=m)
+    f, a, b = core.kernels(q, k, keep)
+    explicit = f @ (iterative_pinv(a) @ (b @ v))
+    torch.testing.assert_close(core(q, k, v, keep), explicit, rtol=0, atol=1e-10)

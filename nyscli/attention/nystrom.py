@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nyscli.attention.errors import AttentionConfigError
@@ -28,9 +30,9 @@ class NystromAttention(nn.Module):
         landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
             (m real tokens drawn with ``seed``, the same draw on every call, so the implied
             matrix is well defined) or ``"kmeans"`` (means of k-means clusters of the tokens'
-            [q, k] features, ``kmeans_iterations`` Lloyd steps from the segment means).
+            [q, k] features, ``kmeans_iterations`` Lloyd steps from the random draw).
         kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
-        seed: random seed for ``landmarks="random"``.
+        seed: random seed for ``landmarks="random"`` and the k-means start.
         causal: not supported; landmarks mix future tokens into every query.
     """
 
@@ -103,15 +105,14 @@ class NystromAttention(nn.Module):
             return exact_pinv(a)
         return iterative_pinv(a, self.pinv_iterations, self.pinv_init)
 
-    def kernels(
-        self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The three softmax kernels F (B,H,n,m), A (B,H,m,m), Bk (B,H,m,n) of the paper.
+    def landmarks_and_kernel(
+        self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """Landmarks q~, k~ (B,H,m,d), which exist (B,m) or None, and A = softmax(q~ k~^T/√d).
 
-        Empty landmarks (fewer real tokens than m) get zero rows and columns, which the
+        Empty landmarks (fewer real tokens than m) get zero rows and columns in A, which the
         pseudo-inverse maps to zero, so they drop out of the product.
         """
-        scale = 1.0 / math.sqrt(q.shape[-1])
         q_land, k_land, exists = select_landmarks(
             q,
             k,
@@ -122,21 +123,49 @@ class NystromAttention(nn.Module):
             self.seed,
         )
         land_cols = None if exists is None else exists[:, None, None, :]
+        scores = q_land @ k_land.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        a = masked_softmax(scores, land_cols)
+        if exists is not None:
+            a = a * exists[:, None, :, None].to(a.dtype)
+        return q_land, k_land, exists, a
+
+    def kernels(
+        self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The three softmax kernels F (B,H,n,m), A (B,H,m,m), Bk (B,H,m,n) of the paper,
+        written out (for analysis; ``forward`` never forms F or Bk)."""
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        q_land, k_land, exists, a = self.landmarks_and_kernel(q, k, key_padding_mask)
+        land_cols = None if exists is None else exists[:, None, None, :]
         land_rows = 1.0 if exists is None else exists[:, None, :, None].to(q.dtype)
         token_cols = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         f = masked_softmax(q @ k_land.transpose(-1, -2) * scale, land_cols)
-        a = masked_softmax(q_land @ k_land.transpose(-1, -2) * scale, land_cols) * land_rows
         b = masked_softmax(q_land @ k.transpose(-1, -2) * scale, token_cols) * land_rows
         return f, a, b
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
-        """q, k, v: (B, H, n, d); key_padding_mask: (B, n), True = real token -> (B, H, n, d)."""
+        """q, k, v: (B, H, n, d); key_padding_mask: (B, n), True = real token -> (B, H, n, d).
+
+        F (pinv(A) (Bk V)) is computed as two fused attentions, Bk V = SDPA(q~, k, v) and
+        F W = SDPA(q, k~, W): the n x m and m x n kernels are never stored, so memory beyond
+        the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
+        """
         check_qkv(q, k, v, key_padding_mask)
         if self.num_landmarks >= q.shape[2]:
             return self.exact(q, k, v, key_padding_mask)
-        f, a, b = self.kernels(q, k, key_padding_mask)
-        z = self.pseudo_inverse(a).to(f.dtype)
-        # Right-to-left keeps every intermediate at O(n m) or O(m d).
-        return f @ (z @ (b @ v))
+        q_land, k_land, exists, a = self.landmarks_and_kernel(q, k, key_padding_mask)
+        token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
+        land_keep = None
+        if exists is not None:
+            bv = bv * exists[:, None, :, None].to(bv.dtype)
+            # A sequence with no landmark at all would get an all-masked row (NaN); its W is
+            # zero, so letting it attend to the empty landmarks gives the right zeros.
+            land_keep = (exists | ~exists.any(dim=1, keepdim=True))[:, None, None, :]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
+            z = self.pseudo_inverse(a)
+            w = (z @ bv.to(z.dtype)).to(v.dtype)  # (B, H, m, d)
+        return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
