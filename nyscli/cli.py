@@ -92,6 +92,40 @@ def bench(
     run_hydra_command("bench", typed, overrides, multirun)
 
 
+@app.command("approx-error", context_settings=HYDRA_COMMAND)
+def approx_error(
+    overrides: list[str] = typer.Argument(
+        None,
+        help=OVERRIDES_HELP,
+        show_default=False,
+        autocompletion=complete_overrides("approx_error"),
+    ),
+    source: str = typer.Option(
+        None, help="Where q, k, v come from: smooth, gaussian, minilm (real BERT) or checkpoint."
+    ),
+    seq_len: int = typer.Option(None, "--seq-len", "-n", help="Sequence length n."),
+    landmark: list[int] = typer.Option(
+        None, "--landmarks", "-l", help="Budget m; repeat for a curve (sets landmarks)."
+    ),
+    method: list[str] = typer.Option(
+        None, "--method", help="Method to compare; repeat for several (sets methods)."
+    ),
+    text_path: Path = typer.Option(None, help="minilm: a UTF-8 text file to run the model on."),
+    seed: int = typer.Option(None, help="Seed of synthetic inputs, random landmarks, features."),
+    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+) -> None:
+    """How close Nyström (and its rivals) come to exact attention, sweeping the budget m."""
+    typed = {
+        "source": source,
+        "seq_len": seq_len,
+        "landmarks": _list(landmark) if landmark else None,
+        "methods": _list(method) if method else None,
+        "text_path": text_path,
+        "seed": seed,
+    }
+    run_hydra_command("approx_error", typed, overrides, multirun)
+
+
 @app.command(context_settings=HYDRA_COMMAND)
 def lra(
     overrides: list[str] = typer.Argument(

@@ -9,6 +9,7 @@ from types import ModuleType
 # command name -> (module, primary config name in conf/)
 COMMANDS: dict[str, str] = {
     "bench": "nyscli.experiments.bench",
+    "approx_error": "nyscli.experiments.approx_error",
     "lra": "nyscli.experiments.lra",
 }
 
