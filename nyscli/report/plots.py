@@ -34,10 +34,15 @@ def loglog_panels(
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path, dpi=120)
+
+
+def save_figure(fig: plt.Figure, path: Path, dpi: int = 120) -> Path:
+    """Lay out, write ``fig`` to a temp file beside ``path``, rename it, close the figure."""
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
     tmp.replace(path)
     return path

@@ -1,0 +1,236 @@
+"""``nys lra``: train and test one Long Range Arena task with any attention (Table 3).
+
+One run = one (task, attention). The model is the paper's LRA encoder (``conf/model/lra``),
+the loop the shared trainer (``nyscli.train``). The result row holds test accuracy (best-dev
+checkpoint), best dev accuracy, steps, wall time, training tokens/s and peak memory; over a
+sweep ``render`` lays the rows out as Table 3 (attention rows x task columns + average).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+
+from nyscli.attention import AttentionConfigError, MultiHeadAttention
+from nyscli.bridge import OUTPUT_ROOT
+from nyscli.errors import UserInputError
+from nyscli.experiments.bench import row_label
+from nyscli.experiments.lra_tasks import (
+    DUAL_TASKS,
+    TASKS,
+    classification_objective,
+    load_task,
+)
+from nyscli.models import POOLINGS, build_classifier
+from nyscli.report.curves import learning_curve
+from nyscli.train import (
+    METRICS_FILE,
+    ShuffledBatches,
+    Trainer,
+    TrainerConfig,
+    eval_batches,
+    peak_memory_mb,
+    resolve_device,
+    seed_everything,
+)
+from nyscli.train.resume import find_resume_checkpoint
+
+log = logging.getLogger(__name__)
+
+CURVE_FILE = "learning_curve.png"
+PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 41.58,
+                 "pathfinder": 70.94}  # fmt: skip
+
+
+def trainer_config(cfg: DictConfig) -> TrainerConfig:
+    return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cheap checks of every value (no data is read)."""
+    if cfg.task.name not in TASKS:
+        raise UserInputError(
+            f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
+        )
+    for key in ("max_len", "steps", "batch_size"):
+        value = cfg.task.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserInputError(f"task.{key}={value} is not allowed; it must be an integer >= 1")
+    if cfg.model.pooling not in POOLINGS:
+        allowed = ", ".join(POOLINGS)
+        raise UserInputError(
+            f"model.pooling={cfg.model.pooling} is not allowed; choose one of: {allowed}"
+        )
+    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
+        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    device = resolve_device(str(cfg.device))
+    trainer = trainer_config(cfg)
+    if trainer.precision == "fp16" and device.type != "cuda":
+        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+    try:
+        MultiHeadAttention(
+            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+        )
+    except AttentionConfigError as error:
+        raise UserInputError(str(error)) from error
+
+
+def attention_label(cfg: DictConfig) -> str:
+    return row_label(OmegaConf.to_container(cfg.attention, resolve=True))
+
+
+def _same_setup(cfg: DictConfig):
+    """Predicate on an earlier run's config: same command, task, model and attention."""
+    keys = ("task", "model", "attention")
+    mine = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in keys}
+
+    def matches(other: DictConfig) -> bool:
+        if other.get("command") != "lra":
+            return False
+        try:
+            return all(OmegaConf.to_container(other[k], resolve=True) == mine[k] for k in keys)
+        except Exception:  # an old config that no longer resolves is simply not a match
+            return False
+
+    return matches
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    device = resolve_device(str(cfg.device))
+    settings = trainer_config(cfg)
+    resume_from = find_resume_checkpoint(
+        cfg.resume, Path(OUTPUT_ROOT) / "lra", run_dir, _same_setup(cfg)
+    )
+    seed_everything(int(cfg.seed))
+    data = load_task(cfg.task, cfg.data_cache)
+    log.info(
+        "task %s: %d train / %d dev / %d test examples",
+        cfg.task.name,
+        len(data.train),
+        len(data.val),
+        len(data.test),
+    )
+    model = build_classifier(
+        vocab_size=data.vocab_size,
+        max_len=int(cfg.task.max_len),
+        num_classes=data.num_classes,
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention=OmegaConf.to_container(cfg.attention, resolve=True),
+        dual=cfg.task.name in DUAL_TASKS,
+    )
+    trainer = Trainer(
+        model, classification_objective, settings, run_dir, device, ("accuracy",), console
+    )
+    lengths = getattr(getattr(data.train, "seqs", None), "lengths", None)
+    train = ShuffledBatches(
+        data.train, settings.batch_size, data.collate, int(cfg.seed), lengths, settings.bucket
+    )
+    eval_size = settings.eval_batch_size or settings.batch_size
+    dev = eval_batches(data.val, eval_size, data.collate, settings.eval_examples)
+    fit = trainer.fit(train, dev, resume_from)
+    test = {"accuracy": math.nan, "loss": math.nan}
+    if fit.completed:
+        test = trainer.test(eval_batches(data.test, eval_size, data.collate))
+        log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    label = attention_label(cfg)
+    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
+    row: dict[str, Any] = {
+        "task": cfg.task.name,
+        "attention": label,
+        "test_accuracy": test["accuracy"],
+        "test_loss": test["loss"],
+        "best_dev_accuracy": fit.best_value,
+        "best_step": fit.best_step,
+        "steps": fit.step,
+        "max_steps": settings.max_steps,
+        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
+        "wall_s": time.perf_counter() - started,
+        "train_s": fit.train_seconds,
+        "tokens_per_s": fit.tokens_per_s,
+        "peak_mb": peak_memory_mb(device),
+        "max_len": int(cfg.task.max_len),
+        "batch_size": settings.batch_size * settings.accumulate,
+        "precision": settings.precision,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "seed": int(cfg.seed),
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+    return pd.DataFrame([row])
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float) -> str:
+    return "" if pd.isna(value) else f"{100 * value:.2f}"
+
+
+def _runs_table(df: pd.DataFrame) -> Table:
+    table = Table(title="LRA runs", title_justify="left")
+    columns = [
+        ("task", str),
+        ("attention", str),
+        ("test acc %", lambda r: _pct(r.test_accuracy)),
+        ("best dev %", lambda r: _pct(r.best_dev_accuracy)),
+        ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
+        ("wall", lambda r: f"{r.wall_s / 60:.1f} min"),
+        ("tokens/s", lambda r: f"{r.tokens_per_s:,.0f}"),
+        ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
+    ]
+    for name, _ in columns:
+        table.add_column(name, justify="left" if name in ("task", "attention") else "right")
+    for r in df.itertuples():
+        table.add_row(*(str(getattr(r, n)) if f is str else f(r) for n, f in columns))
+    return table
+
+
+def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: str) -> Table:
+    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average."""
+    tasks = [t for t in TASKS if t in set(df.task)]
+    pivot = df.pivot_table(index="attention", columns="task", values=column, aggfunc="mean")
+    table = Table(title=title, title_justify="left")
+    table.add_column("attention", style="bold")
+    for task in tasks:
+        table.add_column(task, justify="right")
+    table.add_column("avg", justify="right")
+    for attention, values in pivot.iterrows():
+        cells = [values.get(t) for t in tasks]
+        present = [v for v in cells if pd.notna(v)]
+        avg = sum(present) / len(present) if present else math.nan
+        shown = [("" if pd.isna(v) else format(scale * v, fmt)) for v in cells]
+        note = "" if len(present) == len(tasks) else "*"
+        table.add_row(
+            str(attention), *shown, ("" if pd.isna(avg) else format(scale * avg, fmt)) + note
+        )
+    return table
+
+
+def render(df: pd.DataFrame) -> RenderableType:
+    """One table of runs; with more than one run also the Table-3 layout (accuracy, tokens/s)."""
+    parts: list[RenderableType] = [_runs_table(df)]
+    if len(df) > 1:
+        parts.append(
+            _pivot_table(
+                df,
+                "test_accuracy",
+                "Test accuracy (%) — Table 3 layout; * = average over the tasks present",
+                100.0,
+                ".2f",
+            )
+        )
+        parts.append(_pivot_table(df, "tokens_per_s", "Training tokens/s", 1.0, ",.0f"))
+    return Group(*parts)

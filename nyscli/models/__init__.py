@@ -1,0 +1,22 @@
+"""Models built on the attention core: a pre-LN encoder, pooling, classification heads.
+
+``SequenceClassifier`` (one sequence -> logits) and ``DualEncoderClassifier`` (two sequences
+through one shared encoder -> logits, LRA retrieval) both take padding masks from the collate.
+"""
+
+from nyscli.models.classifier import DualEncoderClassifier, SequenceClassifier, build_classifier
+from nyscli.models.encoder import Encoder, EncoderConfig
+from nyscli.models.heads import ClassifierHead, DualHead
+from nyscli.models.pooling import POOLINGS, pool
+
+__all__ = [
+    "POOLINGS",
+    "ClassifierHead",
+    "DualEncoderClassifier",
+    "DualHead",
+    "Encoder",
+    "EncoderConfig",
+    "SequenceClassifier",
+    "build_classifier",
+    "pool",
+]

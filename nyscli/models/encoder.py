@@ -1,0 +1,119 @@
+"""A pre-LN Transformer encoder whose self-attention is any core from ``nyscli.attention``.
+
+Layout as in the Nyströmformer LRA code (``mlpen/Nystromformer``, ``LRA/code/model.py``):
+token + learned position embeddings, dropout, then per block
+``x = x + drop(attn(LN(x)))`` and ``x = x + drop(W2 drop(gelu(W1 LN(x))))``, a final LayerNorm,
+and padded positions zeroed in the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nyscli.attention import MultiHeadAttention
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Sizes of the encoder; defaults are the paper's LRA model (2 layers, 64 wide, 2 heads)."""
+
+    vocab_size: int
+    max_len: int
+    dim: int = 64
+    depth: int = 2
+    num_heads: int = 2
+    ffn_dim: int = 128
+    dropout: float = 0.1
+    attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
+    cls_token: bool = False  # prepend a learned [CLS] vector (for CLS pooling)
+    init_std: float = 0.02
+
+
+class Embeddings(nn.Module):
+    """ids (B, n) -> (B, n', dim): token + learned position embeddings (n' = n + 1 with CLS)."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.positions = nn.Embedding(cfg.max_len + int(cfg.cls_token), cfg.dim)
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.cls_token else None
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """ids, mask: (B, n) -> x (B, n', dim), mask (B, n') with True = real token."""
+        x = self.tokens(ids)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+            mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
+        n = x.shape[1]
+        if n > self.positions.num_embeddings:
+            raise ValueError(
+                f"sequence of {n} tokens is longer than the model's max_len "
+                f"{self.positions.num_embeddings}"
+            )
+        x = x + self.positions(torch.arange(n, device=ids.device))
+        return self.dropout(x), mask
+
+
+class FeedForward(nn.Module):
+    """(B, n, dim) -> (B, n, dim): Linear -> GELU -> dropout -> Linear -> dropout."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Block(nn.Module):
+    """One pre-LN block: (B, n, dim), mask (B, n) -> (B, n, dim)."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.attention = MultiHeadAttention(cfg.dim, cfg.num_heads, cfg.attention)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.ffn = FeedForward(cfg.dim, cfg.ffn_dim, cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.dropout(self.attention(self.norm1(x), mask))
+        return x + self.ffn(self.norm2(x))
+
+
+class Encoder(nn.Module):
+    """ids, mask (B, n) -> hidden states (B, n', dim) (zero at padding) and mask (B, n')."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # BERT-style N(0, 0.02) as the reference code; LayerNorms keep their (1, 0) init.
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        x, mask = self.embeddings(ids, mask)
+        for block in self.blocks:
+            x = block(x, mask)
+        # Zeroing padded rows keeps anything downstream from reading them by accident.
+        return self.norm(x) * mask.unsqueeze(-1), mask

@@ -1,0 +1,37 @@
+"""Learning curves from a trainer's ``metrics.csv``: loss and accuracy per split vs step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from nyscli.report.plots import plt, save_figure  # plots selects the Agg backend first
+
+
+def learning_curve(
+    metrics: pd.DataFrame, path: Path, title: str = "", metric: str = "accuracy"
+) -> Path | None:
+    """Two panels (loss, ``metric``) with one line per split (train, val); test as a marker.
+
+    ``metrics`` has columns step, split, loss, <metric>. Returns None if there is nothing
+    to draw.
+    """
+    if metrics.empty:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, column in zip(axes, ("loss", metric), strict=True):
+        if column not in metrics:
+            continue
+        for split, group in metrics.dropna(subset=[column]).groupby("split", sort=False):
+            style = (
+                {"marker": "*", "markersize": 12, "linestyle": "none"} if split == "test" else {}
+            )
+            ax.plot(group["step"], group[column], label=str(split), **style)
+        ax.set_xlabel("step")
+        ax.set_ylabel(column)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path, dpi=110)

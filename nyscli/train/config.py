@@ -1,0 +1,86 @@
+"""The trainer's settings, read from the ``trainer`` config group with one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nyscli.errors import UserInputError
+from nyscli.train.schedule import DECAYS
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+MONITOR_MODES = ("max", "min")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How to train. One optimizer update sees ``batch_size * accumulate`` examples."""
+
+    max_steps: int
+    batch_size: int
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    decay: str = "linear"  # linear | constant
+    min_lr_ratio: float = 0.0
+    accumulate: int = 1  # micro-batches per optimizer update
+    clip_grad_norm: float | None = None  # max global L2 norm; null = no clipping
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler, CUDA only)
+    eval_every: int = 500  # evaluate on dev every k updates (and at the end)
+    eval_examples: int | None = None  # dev subset for periodic evals; null = all of dev
+    eval_batch_size: int | None = None  # null = batch_size
+    log_every: int = 50  # a train row in metrics.csv every k updates
+    checkpoint_every: int | None = None  # null = eval_every
+    monitor: str = "accuracy"  # dev metric that picks the best checkpoint
+    monitor_mode: str = "max"  # max | min
+    bucket: int = 1  # >1: length-bucketed batches (windows of this many batches)
+    stop_at_step: int | None = None  # stop early (checkpoint kept) to resume later
+    progress: bool = True  # rich progress bar
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainerConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise UserInputError(
+                f"trainer has no option {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
+            )
+        cfg = cls(**dict(values))
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        for key in ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "bucket"):
+            _at_least(getattr(self, key), f"trainer.{key}", 1)
+        for key in ("eval_examples", "eval_batch_size", "checkpoint_every", "stop_at_step"):
+            if getattr(self, key) is not None:
+                _at_least(getattr(self, key), f"trainer.{key}", 1)
+        _at_least(self.warmup_steps, "trainer.warmup_steps", 0)
+        if not self.lr > 0:
+            raise UserInputError(f"trainer.lr={self.lr} is not allowed; it must be > 0")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise UserInputError(
+                f"trainer.clip_grad_norm={self.clip_grad_norm} is not allowed; use > 0 or null"
+            )
+        _one_of(self.precision, "trainer.precision", PRECISIONS)
+        _one_of(self.decay, "trainer.decay", DECAYS)
+        _one_of(self.monitor_mode, "trainer.monitor_mode", MONITOR_MODES)
+
+    @property
+    def save_every(self) -> int:
+        return self.checkpoint_every or self.eval_every
+
+
+def _at_least(value: Any, key: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= {low}")
+
+
+def _one_of(value: Any, key: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")

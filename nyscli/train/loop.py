@@ -1,0 +1,330 @@
+"""The one training loop: updates, periodic dev evaluation, checkpoints, resume, NaN stop.
+
+Generic on purpose: the caller supplies the model, an *objective* (``(model, batch) ->
+BatchResult``; the batch is already on the device), resumable training batches
+(:class:`~nyscli.train.batches.ShuffledBatches`), re-iterable dev/test batches and a
+:class:`~nyscli.train.config.TrainerConfig`. ``lra`` uses it now; ``pretrain`` and
+``finetune`` plug in their own objectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import nn
+
+from nyscli.errors import UserInputError
+from nyscli.train.batches import ShuffledBatches
+from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint, save_checkpoint
+from nyscli.train.config import TrainerConfig
+from nyscli.train.errors import CheckpointError, TrainingDiverged
+from nyscli.train.metrics import METRICS_FILE, BatchResult, MetricsLog, Running
+from nyscli.train.optim import build_optimizer
+from nyscli.train.schedule import build_scheduler
+from nyscli.train.seed import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+Objective = Callable[[nn.Module, Any], BatchResult]
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class FitResult:
+    """Where training ended. ``completed`` is False when ``stop_at_step`` cut it short."""
+
+    step: int
+    completed: bool
+    best_value: float | None
+    best_step: int | None
+    train_seconds: float
+    train_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds > 0 else math.nan
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor inside nested tuples/lists/dicts to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+class Trainer:
+    """Train ``model`` with ``objective``; files go to ``run_dir`` (metrics.csv, checkpoints/)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        config: TrainerConfig,
+        run_dir: Path,
+        device: torch.device | str = "cpu",
+        metric_names: tuple[str, ...] = ("accuracy",),
+        console: Console | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        if config.precision == "fp16" and self.device.type != "cuda":
+            raise UserInputError(
+                "trainer.precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU"
+            )
+        self.model = model.to(self.device)
+        self.objective = objective
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.console = console
+        self.optimizer = build_optimizer(
+            model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer, config.warmup_steps, config.max_steps, config.decay, config.min_lr_ratio
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE, metric_names)
+        self.checkpoints = self.run_dir / CHECKPOINT_DIR
+        self.step = 0
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+        self.window = Running()  # train batches since the last train row
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+        self.last_good: tuple[Path, int] | None = None
+        self.train_batches: ShuffledBatches | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def fit(
+        self, train: ShuffledBatches, dev: Iterable[Any], resume_from: Path | None = None
+    ) -> FitResult:
+        """Train up to ``max_steps`` updates (or ``stop_at_step``), evaluating on ``dev``.
+
+        ``resume_from``: a ``last.pt`` checkpoint; model, optimizer, schedule, scaler, RNGs,
+        data position and best-so-far continue from it and its metrics rows are carried over.
+        """
+        cfg = self.config
+        self.train_batches = train
+        source = None
+        if resume_from is not None:
+            resume_from = Path(resume_from)
+            self._restore(load_checkpoint(resume_from, self.device), train)
+            self._adopt_best(resume_from.parent / BEST)
+            source = resume_from.parent.parent / METRICS_FILE
+            log.info("resumed from %s at step %d", resume_from, self.step)
+        self.metrics.start(keep_until=self.step, source=source)
+        batches = iter(train)
+        stop = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
+        with self._progress() as progress:
+            bar = progress.add_task("train", total=cfg.max_steps, completed=self.step, status="")
+            while self.step < stop:
+                lr = self._update(batches)
+                if self.step % cfg.log_every == 0:
+                    self._log_train(lr)
+                status = ""
+                evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
+                if evaluated:
+                    status = self._evaluate_dev(dev)
+                # Saving after every evaluation keeps best.pt never newer than last.pt.
+                if evaluated or self.step % cfg.save_every == 0 or self.step == stop:
+                    self._save_last()
+                progress.update(bar, completed=self.step, status=status or None)
+        return FitResult(
+            self.step,
+            self.step >= cfg.max_steps,
+            self.best_value,
+            self.best_step,
+            self.train_seconds,
+            self.train_tokens,
+        )
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Any]) -> dict[str, float]:
+        """Average loss and metrics of the model over ``batches`` (eval mode, autocast)."""
+        self.model.eval()
+        running = Running()
+        start = time.perf_counter()
+        for batch in batches:
+            with self._autocast():
+                result = self.objective(self.model, to_device(batch, self.device))
+            running.add(result, float(result.loss))
+        running.seconds = time.perf_counter() - start
+        self.model.train()
+        return running.summary()
+
+    def test(self, batches: Iterable[Any]) -> dict[str, float]:
+        """Evaluate the best-dev checkpoint (the current model if none) and log a test row."""
+        best = self.checkpoints / BEST
+        if best.exists():
+            self.model.load_state_dict(load_checkpoint(best, self.device)["model"])
+        summary = self.evaluate(batches)
+        summary.pop("tokens_per_s", None)  # eval speed is not training throughput
+        self.metrics.append(self.step, "test", summary)
+        return summary
+
+    # ------------------------------------------------------------------ one update
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.config.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.config.precision])
+
+    def _update(self, batches: Iterator[Any]) -> float:
+        """One optimizer update over ``accumulate`` micro-batches; returns the lr it used."""
+        cfg = self.config
+        start = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        tokens = 0
+        for _ in range(cfg.accumulate):
+            batch = to_device(next(batches), self.device)
+            with self._autocast():
+                result = self.objective(self.model, batch)
+            loss = float(result.loss.detach())
+            if not math.isfinite(loss):
+                raise self._diverged(f"loss became {loss}", lr)
+            self.scaler.scale(result.loss / cfg.accumulate).backward()
+            self.window.add(result, loss)
+            tokens += result.tokens
+        if cfg.clip_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm))
+            # With fp16 an inf norm is the GradScaler's business (it skips the step).
+            if not math.isfinite(norm) and not self.scaler.is_enabled():
+                raise self._diverged(f"gradient norm became {norm}", lr)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        seconds = time.perf_counter() - start
+        self.window.seconds += seconds
+        self.train_seconds += seconds
+        self.train_tokens += tokens
+        return lr
+
+    def _diverged(self, what: str, lr: float) -> TrainingDiverged:
+        if self.last_good is None:
+            kept = "no checkpoint had been written yet"
+        else:
+            kept = f"last good checkpoint: {self.last_good[0]} (step {self.last_good[1]})"
+        return TrainingDiverged(
+            f"{what} at step {self.step + 1} (lr {lr:.3g}); training stopped, {kept}; "
+            "lower trainer.lr, add trainer.clip_grad_norm or use trainer.precision=fp32"
+        )
+
+    # ------------------------------------------------------------------ logging, eval
+
+    def _log_train(self, lr: float) -> None:
+        summary = self.window.summary()
+        self.metrics.append(
+            self.step, "train", {**summary, "lr": lr, "elapsed_s": self.train_seconds}
+        )
+        self.window = Running()
+
+    def _evaluate_dev(self, dev: Iterable[Any]) -> str:
+        summary = self.evaluate(dev)
+        summary.pop("tokens_per_s", None)  # eval speed is not training throughput
+        self.metrics.append(self.step, "val", {**summary, "elapsed_s": self.train_seconds})
+        value = summary.get(self.config.monitor, summary["loss"])
+        if math.isfinite(value) and self._improves(value):
+            self.best_value, self.best_step = value, self.step
+            save_checkpoint(
+                {"model": self.model.state_dict(), "step": self.step, "value": value},
+                self.checkpoints / BEST,
+            )
+        text = f"dev {self.config.monitor} {value:.4f} (best {self.best_value or math.nan:.4f})"
+        log.info(
+            "step %d: dev loss %.4f, %s, %.0f train tokens/s",
+            self.step,
+            summary["loss"],
+            text,
+            self.train_tokens / max(self.train_seconds, 1e-9),
+        )
+        return text
+
+    def _improves(self, value: float) -> bool:
+        if self.best_value is None:
+            return True
+        if self.config.monitor_mode == "max":
+            return value > self.best_value
+        return value < self.best_value
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_last(self) -> None:
+        path = save_checkpoint(
+            {
+                "step": self.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": rng_state(),
+                "loader": self.train_batches.state_dict() if self.train_batches else None,
+                "best_value": self.best_value,
+                "best_step": self.best_step,
+                "window": self.window.state_dict(),
+                "train_seconds": self.train_seconds,
+                "train_tokens": self.train_tokens,
+            },
+            self.checkpoints / LAST,
+        )
+        self.last_good = (path, self.step)
+
+    def _restore(self, state: dict[str, Any], train: ShuffledBatches) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            first = str(error).strip().splitlines()[0][:160]
+            raise CheckpointError(
+                f"checkpoint does not fit this model/optimizer ({first}); resume with the "
+                "same model, task and attention settings"
+            ) from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        if state["loader"] is not None:
+            train.load_state_dict(state["loader"])
+        self.step = int(state["step"])
+        self.best_value, self.best_step = state["best_value"], state["best_step"]
+        self.window = Running.from_state(state["window"])
+        self.train_seconds = float(state["train_seconds"])
+        self.train_tokens = int(state["train_tokens"])
+
+    def _adopt_best(self, source: Path) -> None:
+        """Copy the interrupted run's best.pt here, so ``test`` uses the same best weights."""
+        if self.best_step is None or not source.exists():
+            return
+        if load_checkpoint(source)["step"] != self.best_step:
+            log.warning("%s is not the best checkpoint the resumed state names; ignored", source)
+            self.best_value = self.best_step = None
+            return
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, self.checkpoints / BEST)
+
+    def _progress(self) -> Progress:
+        return Progress(
+            TextColumn("[bold]{task.description}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=self.console,
+            disable=not self.config.progress,
+        )

@@ -1,0 +1,88 @@
+"""``nys lra`` end to end on a tiny generated ListOps, resume through the CLI, errors, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from nyscli.experiments.lra import render
+
+TINY = [
+    "task.generate.n_train=48",
+    "task.generate.n_val=16",
+    "task.generate.n_test=16",
+    "task.generate.min_len=10",
+    "task.generate.max_len=40",
+    "task.max_len=40",
+    "task.eval_every=2",
+    "task.warmup_steps=1",
+    "trainer.log_every=1",
+    "attention.num_landmarks=4",
+    "model.dim=16",
+    "model.ffn_dim=16",
+    "threads=1",
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+]
+
+
+def run_folders(root: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in root.rglob(".hydra/config.yaml"))
+
+
+def test_lra_runs_stops_resumes_and_rejects_a_corrupt_checkpoint(run_nys, tmp_path):
+    cache = f"data_cache={tmp_path / 'cache'}"
+    first = run_nys("lra", *TINY, cache, "trainer.stop_at_step=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    row = pd.read_csv(run / "results.csv").iloc[0]
+    assert row.status == "stopped at step 2" and row.steps == 2
+    for name in ("metrics.csv", "learning_curve.png", "checkpoints/last.pt", "lra.log"):
+        assert (run / name).exists(), name
+
+    resumed = run_nys("lra", *TINY, cache, "--resume", "true")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    second = next(r for r in run_folders(tmp_path / "outputs" / "lra") if r != run)
+    result = pd.read_csv(second / "results.csv").iloc[0]
+    assert result.status == "ok" and result.steps == 4
+    assert result.task == "listops" and result.attention.startswith("nystrom")
+    assert 0 <= result.test_accuracy <= 1 and result.tokens_per_s > 0 and result.peak_mb > 0
+    metrics = pd.read_csv(second / "metrics.csv")
+    assert list(metrics[metrics.split == "train"].step) == [1, 2, 3, 4]  # carried over + new
+    assert (metrics.split == "test").sum() == 1
+    assert "test acc" in resumed.stdout
+
+    (second / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
+    broken = run_nys("lra", *TINY, cache, f"resume={second}")
+    assert broken.returncode == 2
+    assert "corrupt or unreadable" in broken.stdout
+    assert "Traceback" not in broken.stdout + broken.stderr
+
+
+def test_bad_values_fail_in_one_line(run_nys):
+    done = run_nys("lra", "trainer.precision=fp64")
+    assert done.returncode == 2
+    assert "trainer.precision=fp64 is not allowed" in done.stdout
+
+
+def test_render_lays_a_sweep_out_as_table_3():
+    rows = []
+    for attention, base in (("softmax", 0.37), ("nystrom-64", 0.38)):
+        for i, task in enumerate(("text", "listops")):
+            rows.append(
+                dict(task=task, attention=attention, test_accuracy=base + i / 10,
+                     best_dev_accuracy=base, steps=10, max_steps=10, wall_s=60.0,
+                     tokens_per_s=1000.0 * (i + 1), peak_mb=100.0)
+            )  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(render(pd.DataFrame(rows)))
+    text = console.export_text()
+    assert "Table 3" in text and "Training tokens/s" in text
+    header = next(line for line in text.splitlines() if "listops" in line and "avg" in line)
+    assert header.index("listops") < header.index("text")  # LRA's column order
+    nystrom = next(line for line in text.splitlines() if line.startswith("│ nystrom-64"))
+    assert "38.00" in nystrom and "48.00" in nystrom and "43.00" in nystrom  # avg

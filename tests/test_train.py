@@ -1,0 +1,138 @@
+"""The shared trainer on a tiny synthetic task: resume is exact, NaN stops, bad checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceClassificationDataset
+from nyscli.experiments.lra_tasks import classification_objective
+from nyscli.models import build_classifier
+from nyscli.train import (
+    LAST,
+    CheckpointError,
+    ShuffledBatches,
+    Trainer,
+    TrainerConfig,
+    TrainingDiverged,
+    eval_batches,
+    load_checkpoint,
+    seed_everything,
+)
+from nyscli.train.schedule import warmup_decay_factor
+
+TINY_MODEL = {"dim": 16, "depth": 1, "num_heads": 2, "ffn_dim": 16, "dropout": 0.2}
+
+
+def toy_dataset(n: int, seed: int) -> SequenceClassificationDataset:
+    """Sequences of 3..12 tokens; label = whether token 1 occurs more often than token 2."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs, labels = [], []
+    for _ in range(n):
+        length = int(torch.randint(3, 13, (1,), generator=gen))
+        seq = torch.randint(1, 5, (length,), generator=gen)
+        seqs.append(seq.numpy())
+        labels.append(int((seq == 1).sum() > (seq == 2).sum()))
+    return SequenceClassificationDataset(RaggedSequences.from_list(seqs), torch.tensor(labels))
+
+
+def make_trainer(run_dir: Path, **overrides) -> tuple[Trainer, ShuffledBatches, object]:
+    seed_everything(0)
+    model = build_classifier(
+        vocab_size=5, max_len=12, num_classes=2, model=TINY_MODEL, attention={"name": "softmax"}
+    )
+    values = dict(
+        max_steps=8, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=4, log_every=2,
+        clip_grad_norm=1.0, progress=False,
+    )  # fmt: skip
+    config = TrainerConfig.from_mapping({**values, **overrides})
+    collate = ClassificationCollate(12)
+    train_set = toy_dataset(40, seed=1)
+    train = ShuffledBatches(train_set, 4, collate, seed=0, lengths=train_set.seqs.lengths, bucket=2)
+    dev = eval_batches(toy_dataset(12, seed=2), 8, collate)
+    return Trainer(model, classification_objective, config, run_dir, "cpu"), train, dev
+
+
+def metrics(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "metrics.csv")[["step", "split", "loss", "accuracy", "lr"]]
+
+
+def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    straight, train, dev = make_trainer(tmp_path / "straight")
+    result = straight.fit(train, dev)
+    assert result.completed and result.step == 8
+    straight_test = straight.test(dev)
+
+    first, train, dev = make_trainer(tmp_path / "first", stop_at_step=4)
+    half = first.fit(train, dev)
+    assert not half.completed and half.step == 4
+    second, train, dev = make_trainer(tmp_path / "second")
+    resumed = second.fit(train, dev, resume_from=tmp_path / "first" / "checkpoints" / LAST)
+    assert resumed.completed and resumed.best_step == result.best_step
+    resumed_test = second.test(dev)
+
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "second")
+    assert len(a) == len(b) == 7  # 4 train rows, 2 dev rows, 1 test row
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=0, atol=1e-6)
+    assert straight_test == pytest.approx(resumed_test, abs=1e-6)
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
+    trainer, train, dev = make_trainer(tmp_path, eval_every=2)
+    calls = {"n": 0}
+
+    def poisoned(model, batch):
+        result = classification_objective(model, batch)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 5:  # the 5th update: after the checkpoint of step 4
+                result.loss = result.loss * float("nan")
+        return result
+
+    trainer.objective = poisoned
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 5 .*step 4\)"):
+        trainer.fit(train, dev)
+    state = load_checkpoint(tmp_path / "checkpoints" / LAST)
+    assert state["step"] == 4
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+def test_huge_learning_rate_diverges_cleanly(tmp_path):
+    trainer, train, dev = make_trainer(tmp_path, lr=1e30, warmup_steps=0, clip_grad_norm=None)
+    with pytest.raises(TrainingDiverged, match="became"):
+        trainer.fit(train, dev)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    trainer, train, dev = make_trainer(tmp_path / "a", max_steps=2, eval_every=2)
+    trainer.fit(train, dev)
+    last = tmp_path / "a" / "checkpoints" / LAST
+    last.write_bytes(last.read_bytes()[:100])  # truncated, as after a crash mid-copy
+    with pytest.raises(CheckpointError, match="corrupt or unreadable") as info:
+        load_checkpoint(last)
+    assert "\n" not in str(info.value)
+    other, train, dev = make_trainer(tmp_path / "b")
+    with pytest.raises(CheckpointError):
+        other.fit(train, dev, resume_from=last)
+
+
+def test_schedule_warms_up_then_decays_linearly_to_zero():
+    factors = [warmup_decay_factor(s, 2, 6, "linear", 0.0) for s in range(7)]
+    assert factors == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_batches_resume_mid_epoch_with_the_same_order():
+    data = toy_dataset(10, seed=3)
+    loader = ShuffledBatches(data, 3, ClassificationCollate(12), seed=5)
+    it = iter(loader)
+    seen = [next(it)[2].tolist() for _ in range(4)]  # crosses an epoch (3 batches each)
+    state = loader.state_dict()
+    rest = [next(it)[2].tolist() for _ in range(3)]
+    again = ShuffledBatches(data, 3, ClassificationCollate(12), seed=5)
+    again.load_state_dict(state)
+    it2 = iter(again)
+    assert [next(it2)[2].tolist() for _ in range(3)] == rest
+    assert len(seen) == 4
