@@ -5,7 +5,15 @@ A core maps q, k, v: (batch, heads, n, head_dim) and an optional bool key_paddin
 core with projections. This package imports nothing else from ``nyscli``.
 """
 
-from nyscli.attention import nystrom, softmax  # noqa: F401  (registers the cores)
+from nyscli.attention import (  # noqa: F401  (registers the cores)
+    linear,
+    linformer,
+    longformer,
+    nystrom,
+    performer,
+    reformer,
+    softmax,
+)
 from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.multihead import MultiHeadAttention
 from nyscli.attention.registry import available, build_attention, core_class

@@ -1,0 +1,61 @@
+"""Linformer (Wang et al., 2020): learned low-rank projections of K and V along the sequence."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from nyscli.attention.errors import AttentionConfigError, refuse_causal, require_int
+from nyscli.attention.masking import check_qkv, zero_padded
+from nyscli.attention.registry import register
+
+
+@register("linformer")
+class LinformerAttention(nn.Module):
+    """softmax(Q (E K)^T / sqrt(d)) (F V) with learned E, F: (k, max_seq_len), shared by heads.
+
+    An input of length n <= max_seq_len uses the first n columns of E and F (position j of the
+    sequence always meets column j). Padded tokens' K and V rows are zeroed before projecting,
+    so they add nothing to the k projected keys and values.
+
+    Args:
+        proj_dim: k, the projected length (paper: 256).
+        max_seq_len: the longest input the projections are sized for. E and F hold
+            2 * k * max_seq_len parameters (32 MiB in fp32 for the defaults 256 x 16384).
+        causal: not supported; every projected key mixes the whole sequence.
+    """
+
+    def __init__(self, proj_dim: int = 256, max_seq_len: int = 16384, causal: bool = False) -> None:
+        super().__init__()
+        if causal:
+            refuse_causal("linformer", "each projected key and value mixes all positions")
+        self.proj_dim = require_int("proj_dim", proj_dim, 1)
+        self.max_seq_len = require_int("max_seq_len", max_seq_len, 1)
+        self.causal = False
+        # The Linformer paper initialises the projections from N(0, 1/k).
+        std = 1.0 / math.sqrt(proj_dim)
+        self.proj_k = nn.Parameter(torch.randn(proj_dim, max_seq_len) * std)
+        self.proj_v = nn.Parameter(torch.randn(proj_dim, max_seq_len) * std)
+
+    def label(self) -> str:
+        return f"linformer-{self.proj_dim}"
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """q, k, v: (B, H, n, d); key_padding_mask: (B, n), True = real token -> (B, H, n, d)."""
+        check_qkv(q, k, v, key_padding_mask)
+        n = q.shape[2]
+        if n > self.max_seq_len:
+            raise AttentionConfigError(
+                f"linformer got a sequence of length {n} but attention.max_seq_len="
+                f"{self.max_seq_len}; raise max_seq_len to at least {n}"
+            )
+        e = self.proj_k[:, :n].to(k.dtype)  # (k, n)
+        f = self.proj_v[:, :n].to(v.dtype)
+        k_low = e @ zero_padded(k, key_padding_mask)  # (B, H, k, d)
+        v_low = f @ zero_padded(v, key_padding_mask)
+        scores = q @ k_low.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, n, k)
+        return torch.softmax(scores, dim=-1) @ v_low
