@@ -261,3 +261,16 @@ def test_fused_forward_equals_explicit_kernel_product(n, m, padded):
     f, a, b = core.kernels(q, k, keep)
     explicit = f @ (iterative_pinv(a) @ (b @ v))
     torch.testing.assert_close(core(q, k, v, keep), explicit, rtol=0, atol=1e-10)
+
+
+def test_head_groups_give_the_same_result_as_one_call():
+    from nyscli.attention.chunking import in_head_groups
+
+    q, k, v = smooth_qkv(2, 5, 70, 8, seed=11)
+    keep = torch.ones(2, 70, dtype=torch.bool)
+    keep[0, 60:] = False
+    core = build_attention({"name": "longformer", "window": 9, "global_tokens": 1})
+    whole = core._attend(q, k, v, keep)
+    grouped = in_head_groups(core._attend, q, k, v, keep, elements_per_head=70 * 20, budget=1)
+    torch.testing.assert_close(grouped, whole, rtol=0, atol=0)
+    torch.testing.assert_close(core(q, k, v, keep), whole, rtol=0, atol=0)
