@@ -20,6 +20,15 @@ def require_int(key: str, value: object, minimum: int | None) -> int:
     return value
 
 
+def require_choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``; else the one-line error listing them."""
+    if value not in allowed:
+        raise AttentionConfigError(
+            f"attention.{key}={value} is not allowed; choose one of: {', '.join(allowed)}"
+        )
+    return str(value)
+
+
 def refuse_causal(name: str, why: str) -> None:
     """The one-line error for a core that cannot be causal; ``why`` says what looks ahead."""
     raise AttentionConfigError(f"{name} attention cannot be causal: {why}")

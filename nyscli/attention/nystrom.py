@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nyscli.attention.errors import AttentionConfigError
+from nyscli.attention.errors import refuse_causal, require_choice, require_int
 from nyscli.attention.landmarks import LANDMARK_METHODS, select_landmarks
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
@@ -49,49 +49,14 @@ class NystromAttention(nn.Module):
     ) -> None:
         super().__init__()
         if causal:
-            raise AttentionConfigError(
-                "nystrom attention cannot be causal: its landmarks average over future tokens"
-            )
-        if not isinstance(num_landmarks, int) or num_landmarks < 1:
-            raise AttentionConfigError(
-                f"attention.num_landmarks={num_landmarks} is not allowed; "
-                "it must be an integer >= 1"
-            )
-        if pinv not in PINV_METHODS:
-            raise AttentionConfigError(
-                f"attention.pinv={pinv} is not allowed; choose one of: {', '.join(PINV_METHODS)}"
-            )
-        if pinv_init not in PINV_INITS:
-            raise AttentionConfigError(
-                f"attention.pinv_init={pinv_init} is not allowed; "
-                f"choose one of: {', '.join(PINV_INITS)}"
-            )
-        if not isinstance(pinv_iterations, int) or pinv_iterations < 1:
-            raise AttentionConfigError(
-                f"attention.pinv_iterations={pinv_iterations} is not allowed; "
-                "it must be an integer >= 1"
-            )
-        if landmarks not in LANDMARK_METHODS:
-            raise AttentionConfigError(
-                f"attention.landmarks={landmarks} is not allowed; "
-                f"choose one of: {', '.join(LANDMARK_METHODS)}"
-            )
-        if not isinstance(kmeans_iterations, int) or kmeans_iterations < 0:
-            raise AttentionConfigError(
-                f"attention.kmeans_iterations={kmeans_iterations} is not allowed; "
-                "it must be an integer >= 0"
-            )
-        if not isinstance(seed, int):
-            raise AttentionConfigError(
-                f"attention.seed={seed} is not allowed; it must be an integer"
-            )
-        self.num_landmarks = num_landmarks
-        self.landmarks = landmarks
-        self.kmeans_iterations = kmeans_iterations
-        self.seed = seed
-        self.pinv = pinv
-        self.pinv_iterations = pinv_iterations
-        self.pinv_init = pinv_init
+            refuse_causal("nystrom", "its landmarks average over future tokens")
+        self.num_landmarks = require_int("num_landmarks", num_landmarks, 1)
+        self.pinv = require_choice("pinv", pinv, PINV_METHODS)
+        self.pinv_init = require_choice("pinv_init", pinv_init, PINV_INITS)
+        self.pinv_iterations = require_int("pinv_iterations", pinv_iterations, 1)
+        self.landmarks = require_choice("landmarks", landmarks, LANDMARK_METHODS)
+        self.kmeans_iterations = require_int("kmeans_iterations", kmeans_iterations, 0)
+        self.seed = require_int("seed", seed, None)
         self.causal = False
         self.exact = SoftmaxAttention()
 
