@@ -54,7 +54,7 @@ def test_lra_runs_stops_resumes_and_rejects_a_corrupt_checkpoint(run_nys, tmp_pa
     metrics = pd.read_csv(second / "metrics.csv")
     assert list(metrics[metrics.split == "train"].step) == [1, 2, 3, 4]  # carried over + new
     assert (metrics.split == "test").sum() == 1
-    assert "test acc" in resumed.stdout
+    assert "test %" in resumed.stdout
 
     (second / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
     broken = run_nys("lra", *TINY, cache, f"resume={second}")

@@ -142,7 +142,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     fit = trainer.fit(train, dev, resume_from)
     test = {"accuracy": math.nan, "loss": math.nan}
     if fit.completed:
-        test = trainer.test(eval_batches(data.test, eval_size, data.collate))
+        test_set = eval_batches(data.test, eval_size, data.collate, cfg.task.test_examples)
+        test = trainer.test(test_set)
         log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
     label = attention_label(cfg)
     metrics = pd.read_csv(run_dir / METRICS_FILE)
@@ -161,6 +162,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "train_s": fit.train_seconds,
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
+        "test_examples": min(len(data.test), cfg.task.test_examples or len(data.test)),
         "max_len": int(cfg.task.max_len),
         "batch_size": settings.batch_size * settings.accumulate,
         "precision": settings.precision,
@@ -184,15 +186,16 @@ def _runs_table(df: pd.DataFrame) -> Table:
     columns = [
         ("task", str),
         ("attention", str),
-        ("test acc %", lambda r: _pct(r.test_accuracy)),
-        ("best dev %", lambda r: _pct(r.best_dev_accuracy)),
+        ("test %", lambda r: _pct(r.test_accuracy)),
+        ("dev %", lambda r: _pct(r.best_dev_accuracy)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
-        ("wall", lambda r: f"{r.wall_s / 60:.1f} min"),
-        ("tokens/s", lambda r: f"{r.tokens_per_s:,.0f}"),
+        ("min", lambda r: f"{r.wall_s / 60:.1f}"),
+        ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
     for name, _ in columns:
-        table.add_column(name, justify="left" if name in ("task", "attention") else "right")
+        left = name in ("task", "attention")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
     for r in df.itertuples():
         table.add_row(*(str(getattr(r, n)) if f is str else f(r) for n, f in columns))
     return table

@@ -6,7 +6,6 @@ Every task's batch is ``(*inputs, labels)``: ``(ids, mask, labels)`` for one seq
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,26 +49,75 @@ def _listops(task: DictConfig, cache_dir: Path | None) -> TaskData:
     )
 
 
-def _from_module(name: str) -> Callable[[DictConfig, Path | None], TaskData]:
-    """Tasks whose reader takes ``load_<name>(**task.data, max_len=..., cache_dir=...)``."""
+def _text(task: DictConfig, cache_dir: Path | None) -> TaskData:
+    from nyscli.data.text import load_imdb
 
-    def load(task: DictConfig, cache_dir: Path | None) -> TaskData:
-        try:
-            module = importlib.import_module(f"nyscli.data.{name}")
-        except ModuleNotFoundError:
+    data = task.data
+    return load_imdb(
+        data.path or "imdb",  # "imdb": HF datasets, when online
+        max_len=int(task.max_len),
+        val_fraction=float(data.val_fraction),
+        test_fraction=float(data.test_fraction),
+        seed=int(data.seed),
+    )
+
+
+def _retrieval(task: DictConfig, cache_dir: Path | None) -> TaskData:
+    from nyscli.data.retrieval import load_aan
+
+    if not task.data.path:
+        raise UserInputError(
+            "task=retrieval needs task.data.path=<folder with new_aan_pairs.*.tsv> "
+            "(the LRA release's AAN files)"
+        )
+    return load_aan(task.data.path, max_len=int(task.max_len))
+
+
+def _image(task: DictConfig, cache_dir: Path | None) -> TaskData:
+    from nyscli.data.image import load_cifar10, load_fashion_mnist
+
+    data = task.data
+    if data.source == "cifar10":
+        if not data.path:
             raise UserInputError(
-                f"task={name}: its data reader (nyscli.data.{name}) is not installed yet; "
-                f"available now: listops"
-            ) from None
-        loader = getattr(module, f"load_{name}")
-        return loader(**_plain(task.get("data")), max_len=int(task.max_len), cache_dir=cache_dir)
+                "task.data.source=cifar10 needs task.data.path=<cifar-10-batches-py>"
+            )
+        return load_cifar10(data.path, val_fraction=float(data.val_fraction))
+    if data.source == "fashion_mnist":
+        kwargs = {"path": data.path} if data.path else {}
+        return load_fashion_mnist(**kwargs, val_fraction=float(data.val_fraction))
+    raise UserInputError(
+        f"task.data.source={data.source} is not allowed; choose one of: cifar10, fashion_mnist"
+    )
 
-    return load
+
+def _pathfinder(task: DictConfig, cache_dir: Path | None) -> TaskData:
+    from nyscli.data.pathfinder import (
+        DIFFICULTY_CONTOUR_LENGTH,
+        PathfinderConfig,
+        load_pathfinder,
+    )
+
+    data = task.data
+    config = None
+    if data.difficulty in DIFFICULTY_CONTOUR_LENGTH:
+        length = DIFFICULTY_CONTOUR_LENGTH[data.difficulty]
+        config = PathfinderConfig(contour_length=length, **_plain(data.generate))
+    return load_pathfinder(
+        data.path,
+        difficulty=str(data.difficulty),
+        config=None if data.path else config,
+        cache_dir=cache_dir,
+        workers=data.workers,
+    )
 
 
 LOADERS: dict[str, Callable[[DictConfig, Path | None], TaskData]] = {
     "listops": _listops,
-    **{name: _from_module(name) for name in TASKS if name != "listops"},
+    "text": _text,
+    "retrieval": _retrieval,
+    "image": _image,
+    "pathfinder": _pathfinder,
 }
 
 

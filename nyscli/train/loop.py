@@ -247,7 +247,8 @@ class Trainer:
                 {"model": self.model.state_dict(), "step": self.step, "value": value},
                 self.checkpoints / BEST,
             )
-        text = f"dev {self.config.monitor} {value:.4f} (best {self.best_value or math.nan:.4f})"
+        best = math.nan if self.best_value is None else self.best_value
+        text = f"dev {self.config.monitor} {value:.4f} (best {best:.4f})"
         log.info(
             "step %d: dev loss %.4f, %s, %.0f train tokens/s",
             self.step,
