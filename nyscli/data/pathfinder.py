@@ -32,8 +32,8 @@ finished image is still checked and regenerated if its pixel connectivity disagr
 its label. Labels are balanced in every prefix up to one: samples 2j and 2j + 1 get
 opposite labels in random order.
 
-Cost: about 2 / 3.5 / 5 ms of CPU per image for contour length 6 / 9 / 14 (measured on a
-shared 2-core machine), so the release-sized 200k hard images take ~16 CPU-minutes once;
+Cost: about 2.5 / 3 / 4.5 ms of CPU per image for contour length 6 / 9 / 14 (measured on a
+shared 2-core machine), so the release-sized 200k hard images take ~15 CPU-minutes once;
 chunks of 1000 images are seeded independently (``default_rng([seed, split, chunk])``) and
 ``workers`` processes generate them in parallel with identical results. Splits are cached
 as ``.npz``; a split of n images is a prefix of the same split with more.
@@ -53,7 +53,6 @@ rows is accepted too.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -241,11 +240,18 @@ class _Canvas:
             m[r, c] = True
         return m
 
-    def padded(self, grid: np.ndarray, outside: bool) -> np.ndarray:
-        """(wide, wide) copy of ``grid`` (H, W) inside [lo, hi]^2, ``outside`` elsewhere."""
-        out = np.full((self.wide, self.wide), outside, dtype=bool)
-        a, b = self.pad + self.lo, self.pad + self.hi + 1
-        out[a:b, a:b] = grid[self.lo : self.hi + 1, self.lo : self.hi + 1]
+    def padded(self, grid: np.ndarray, border: bool) -> np.ndarray:
+        """(wide, wide) copy of ``grid`` (H, W) in the middle of a padding of False.
+
+        With ``border`` everything outside the drawable square [lo, hi]^2 is True instead.
+        """
+        out = np.zeros((self.wide, self.wide), dtype=bool)
+        q = self.pad
+        out[q : q + self.size, q : q + self.size] = grid
+        if border:
+            inner = out[q + self.lo : q + self.hi + 1, q + self.lo : q + self.hi + 1].copy()
+            out[:] = True
+            out[q + self.lo : q + self.hi + 1, q + self.lo : q + self.hi + 1] = inner
         return out
 
 
@@ -268,9 +274,9 @@ class _Snake:
         self.cv = cv
         self.origin = origin
         self.forbid = forbid
-        self.blocked = cv.padded(forbid, outside=True).ravel()  # flat (wide * wide,)
+        self.blocked = cv.padded(forbid, border=True).ravel()  # flat (wide * wide,)
         # A contour whose terminal may carry a marker keeps the marker disc clear of others.
-        self._forbid_wide = cv.padded(forbid, outside=False).ravel() if mark_end else None
+        self._forbid_wide = cv.padded(forbid, border=False).ravel() if mark_end else None
         self._n = 0
         self.dashes: list[list[tuple[int, int]]] = []
         self.end = (float(origin[0]), float(origin[1]))
@@ -462,9 +468,9 @@ def generate_split(cfg: PathfinderConfig, split: str, workers: int = 1) -> dict:
     n = cfg.split_size(split)
     jobs = [(cfg, split, c, min(CHUNK, n - c * CHUNK)) for c in range(-(-n // CHUNK))]
     if workers > 1 and len(jobs) > 1:
-        # "spawn": forking a parent that has started torch's threads can deadlock.
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        # The platform's default start method (fork on Linux): the workers run numpy only,
+        # never torch, and fork also works from notebooks and unguarded scripts.
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
             parts = list(pool.map(_chunk_job, jobs))
     else:
         parts = [_chunk_job(j) for j in jobs]
