@@ -1,0 +1,189 @@
+"""Per-head evaluation: exact reference, then every approximation's metrics at every budget.
+
+A "head" is one attention head of one sequence of one layer: q, k, v (1, 1, n, d) and its
+padding mask. Metrics compare only the rows of real query tokens; the columns of padded keys
+stay in, so weight an approximation puts on padding counts as error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nyscli.approx.methods import implied_matrix, implied_row_sums
+from nyscli.approx.metrics import pinv_residual, relative_error, rowsum_deviation, svd_tail_errors
+from nyscli.approx.sources import AttentionInputs
+from nyscli.attention.masking import masked_softmax
+from nyscli.attention.softmax import SoftmaxAttention
+
+Record = dict[str, Any]
+
+
+@dataclass
+class Head:
+    """One head of one sequence and its exact attention.
+
+    q, k, v: (1, 1, n, d); key_padding_mask: (1, n) or None; real: (n,) bool query/key mask;
+    exact_output: (n_real, d) = S V on real rows; exact_matrix: (n_real, n) = S on real rows,
+    or None when n x n is too large to form.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    key_padding_mask: Tensor | None
+    real: Tensor
+    exact_output: Tensor
+    exact_matrix: Tensor | None
+    layer: int = 0
+    sequence: int = 0
+    head: int = 0
+
+    @property
+    def n_real(self) -> int:
+        return int(self.real.sum())
+
+    def ident(self) -> Record:
+        return {"layer": self.layer, "sequence": self.sequence, "head": self.head, "n": self.n_real}
+
+
+def exact_head(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, with_matrix: bool
+) -> Head:
+    """Exact softmax attention of one head; q, k, v: (1, 1, n, d), mask (1, n) or None."""
+    n = q.shape[2]
+    real = torch.ones(n, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        real = key_padding_mask[0]
+    if with_matrix:
+        keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        s = masked_softmax(scores, keep)[0, 0][real]  # (n_real, n)
+        return Head(q, k, v, key_padding_mask, real, s @ v[0, 0], s)
+    out = SoftmaxAttention()(q, k, v, key_padding_mask)[0, 0][real]
+    return Head(q, k, v, key_padding_mask, real, out, None)
+
+
+def iter_heads(layers: list[AttentionInputs], with_matrix: bool) -> Iterator[Head]:
+    """Every (layer, sequence, head) of the inputs as a ``Head`` with its exact attention."""
+    for inputs in layers:
+        b, h = inputs.q.shape[:2]
+        for i in range(b):
+            mask = None if inputs.key_padding_mask is None else inputs.key_padding_mask[i : i + 1]
+            for j in range(h):
+                q, k, v = (x[i : i + 1, j : j + 1] for x in (inputs.q, inputs.k, inputs.v))
+                head = exact_head(q, k, v, mask, with_matrix)
+                head.layer, head.sequence, head.head = inputs.layer, i, j
+                yield head
+
+
+def core_metrics(core: nn.Module, head: Head) -> tuple[dict[str, float], Tensor | None]:
+    """Metrics of one core on one head, and its implied matrix (n_real, n) if S is known."""
+    mask, real = head.key_padding_mask, head.real
+    out = core(head.q, head.k, head.v, mask)[0, 0][real]
+    rows = implied_row_sums(core, head.q, head.k, mask)[0, 0][real]
+    metrics = {
+        "output_error": relative_error(out, head.exact_output),
+        "rowsum_deviation": rowsum_deviation(rows),
+    }
+    s_hat = None
+    if head.exact_matrix is not None:
+        s_hat = implied_matrix(core, head.q, head.k, mask)[0, 0][real]
+        metrics["matrix_error"] = relative_error(s_hat, head.exact_matrix)
+    # Nyström only, and only when it approximates (m >= n runs exact attention).
+    if hasattr(core, "kernels") and core.num_landmarks < head.q.shape[2]:
+        _, a, _ = core.kernels(head.q, head.k, mask)
+        z = core.pseudo_inverse(a)
+        metrics["pinv_residual"] = pinv_residual(a.to(z.dtype), z).item()
+    return metrics, s_hat
+
+
+def uniform_metrics(head: Head) -> tuple[dict[str, float], Tensor | None]:
+    """Uniform attention over the real keys: every query gets the mean of V."""
+    v_real = head.v[0, 0][head.real]
+    out = v_real.mean(dim=0).expand_as(v_real)
+    metrics = {"output_error": relative_error(out, head.exact_output), "rowsum_deviation": 0.0}
+    s_hat = None
+    if head.exact_matrix is not None:
+        s_hat = torch.zeros_like(head.exact_matrix)
+        s_hat[:, head.real] = 1.0 / head.n_real
+        metrics["matrix_error"] = relative_error(s_hat, head.exact_matrix)
+    return metrics, s_hat
+
+
+def svd_metrics(
+    head: Head, ranks: list[int], keep_rank: int | None
+) -> tuple[list[dict[str, float]], Tensor | None]:
+    """Best rank-r approximations of S (truncated SVD of its real block), one dict per rank.
+
+    Needs ``head.exact_matrix``. Also returns the rank-``keep_rank`` matrix (n_real, n) if asked.
+    """
+    s = head.exact_matrix[:, head.real]  # (n_real, n_real): padded columns of S are zero
+    u, sigma, vh = torch.linalg.svd(s, full_matrices=False)
+    v_proj = vh @ head.v[0, 0][head.real]  # (n_real, d)
+    ones_proj = vh.sum(dim=-1)  # (n_real,)
+    errors = svd_tail_errors(sigma, ranks)
+    results, kept = [], None
+    for rank, error in zip(ranks, errors, strict=True):
+        r = min(rank, len(sigma))
+        out = u[:, :r] @ (sigma[:r, None] * v_proj[:r])
+        rows = u[:, :r] @ (sigma[:r] * ones_proj[:r])
+        results.append(
+            {
+                "output_error": relative_error(out, head.exact_output),
+                "rowsum_deviation": rowsum_deviation(rows),
+                "matrix_error": error,
+            }
+        )
+        if rank == keep_rank:
+            kept = torch.zeros_like(head.exact_matrix)
+            kept[:, head.real] = u[:, :r] @ (sigma[:r, None] * vh[:r])
+    return results, kept
+
+
+def evaluate_head(
+    head: Head,
+    cores: dict[tuple[str, int | None], nn.Module],
+    budgets: list[int],
+    baselines: list[str],
+    keep_budget: int | None = None,
+) -> tuple[list[Record], dict[str, Tensor]]:
+    """Long-format records (method, budget, metric, value + head ids) for one head.
+
+    ``cores`` maps (label, budget) to a built core (budget None: no budget knob). Baselines
+    ``uniform`` and ``svd`` (only where S is known). Returns also the implied matrices at
+    ``keep_budget`` (real rows, real columns) by label, with the exact one under ``"exact"``.
+    """
+    records: list[Record] = []
+    kept: dict[str, Tensor] = {}
+
+    def add(label: str, budget: int | None, metrics: dict[str, float], s_hat: Tensor | None):
+        for metric, value in metrics.items():
+            records.append(
+                {
+                    **head.ident(),
+                    "method": label,
+                    "budget": budget,
+                    "metric": metric,
+                    "value": value,
+                }
+            )
+        if s_hat is not None and keep_budget is not None and budget in (keep_budget, None):
+            kept[label] = s_hat[:, head.real]
+
+    for (label, budget), core in cores.items():
+        add(label, budget, *core_metrics(core, head))
+    if "uniform" in baselines:
+        add("uniform", None, *uniform_metrics(head))
+    if "svd" in baselines and head.exact_matrix is not None:
+        results, s_hat = svd_metrics(head, budgets, keep_budget)
+        for budget, metrics in zip(budgets, results, strict=True):
+            add("svd", budget, metrics, s_hat if budget == keep_budget else None)
+    if keep_budget is not None and head.exact_matrix is not None:
+        kept["exact"] = head.exact_matrix[:, head.real]
+    return records, kept

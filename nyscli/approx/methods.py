@@ -1,0 +1,121 @@
+"""The approximations compared at one budget m, and the attention matrix each one implies.
+
+Every core is linear in V, so the n x n matrix it implicitly applies is Ŝ = core(q, k, I_n);
+``implied_matrix`` computes it in column blocks to bound memory, for any registered core.
+Budget m means: Nyström landmarks, Linformer projected length k, Performer random features,
+Longformer window m + 1 (odd: m/2 neighbours each side), and rank m for the truncated SVD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nyscli.attention import build_attention
+
+# Nyström variants: method name -> landmark selection (None = as in the attention config).
+NYSTROM_VARIANTS: dict[str, str | None] = {
+    "nystrom": None,
+    "nystrom_segment_means": "segment_means",
+    "nystrom_random": "random",
+    "nystrom_kmeans": "kmeans",
+}
+RIVALS = ("linformer", "performer", "longformer", "linear")
+BASELINES = ("uniform", "svd")
+# Methods with no budget knob: one row, whatever m.
+UNBUDGETED = ("linear", "uniform")
+METHODS = (*NYSTROM_VARIANTS, *RIVALS)
+# Matrix columns per core call in ``implied_matrix``: blocks of about this many entries.
+BLOCK_ENTRIES = 1 << 24
+
+
+def core_name(method: str) -> str:
+    """The registered attention core a method runs on (``nystrom`` for every variant)."""
+    return "nystrom" if method in NYSTROM_VARIANTS else method
+
+
+def method_label(method: str, attention: Mapping[str, Any]) -> str:
+    """Row label: ``nystrom`` names its landmark selection unless it is the paper's."""
+    if method == "nystrom" and attention.get("landmarks", "segment_means") != "segment_means":
+        return f"nystrom_{attention['landmarks']}"
+    if method == "nystrom_segment_means":
+        return "nystrom"
+    return method
+
+
+def core_config(
+    method: str, budget: int, n: int, attention: Mapping[str, Any], seed: int
+) -> dict[str, Any]:
+    """The ``build_attention`` config of ``method`` at budget m for sequences of length n.
+
+    Nyström variants take every key of ``attention`` (pinv settings, k-means steps, ...) and
+    override the number and selection of landmarks.
+    """
+    if method in NYSTROM_VARIANTS:
+        config = {**attention, "num_landmarks": budget}
+        if NYSTROM_VARIANTS[method] is not None:
+            config["landmarks"] = NYSTROM_VARIANTS[method]
+        return config
+    if method == "linformer":
+        return {"name": "linformer", "proj_dim": budget, "max_seq_len": n}
+    if method == "performer":
+        return {"name": "performer", "num_features": budget, "seed": seed}
+    if method == "longformer":
+        return {"name": "longformer", "window": budget + 1 - budget % 2}
+    if method == "linear":
+        return {"name": "linear"}
+    raise ValueError(f"unknown approximation method {method!r}")
+
+
+def build_core(config: Mapping[str, Any], seed: int) -> nn.Module:
+    """Build a core in eval mode with the global RNG seeded, then restored.
+
+    Cores that draw parameters at construction (Linformer's projections) get the same draw
+    for the same seed; their forward is deterministic in eval mode.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_attention(config).eval()
+
+
+def implied_matrix(
+    core: nn.Module, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
+) -> Tensor:
+    """Ŝ: (B, H, n, n), the matrix with core(q, k, v) = Ŝ v for every v: (B, H, n, d).
+
+    The identity's columns are cut into blocks of width d (cores expect v as wide as q) and
+    stacked along a batch axis, so a few core calls compute all of Ŝ = core(q, k, I_n).
+    Batches are sized to about ``BLOCK_ENTRIES`` entries per n x 4d intermediate.
+    """
+    b, h, n, d = q.shape
+    n_blocks = -(-n // d)
+    eye = torch.eye(n, n_blocks * d, dtype=q.dtype, device=q.device)  # zero columns pad
+    v_blocks = eye.view(n, n_blocks, d).permute(1, 0, 2)  # (blocks, n, d): I[:, j d:(j+1) d]
+    group = max(1, BLOCK_ENTRIES // (b * h * n * 4 * d))
+    columns = []
+    for start in range(0, n_blocks, group):
+        v = v_blocks[start : start + group]  # (g, n, d)
+        g = v.shape[0]
+        out = core(
+            _repeat(q, g),
+            _repeat(k, g),
+            v[:, None, None].expand(g, b, h, n, d).flatten(0, 1),
+            None if key_padding_mask is None else _repeat(key_padding_mask, g),
+        )  # (g * B, H, n, d)
+        columns.append(out.view(g, b, h, n, d).permute(1, 2, 3, 0, 4).flatten(3))
+    return torch.cat(columns, dim=-1)[..., :n]
+
+
+def _repeat(x: Tensor, times: int) -> Tensor:
+    """x: (B, ...) -> (times * B, ...), the batch repeated ``times`` over (no copy)."""
+    return x[None].expand(times, *x.shape).flatten(0, 1)
+
+
+def implied_row_sums(
+    core: nn.Module, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
+) -> Tensor:
+    """Ŝ 1: (B, H, n), the row sums of the implied matrix, without forming it (v = ones)."""
+    return core(q, k, torch.ones_like(q), key_padding_mask)[..., 0]

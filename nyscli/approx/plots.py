@@ -1,0 +1,87 @@
+"""The two figures of ``nys approx-error``: error versus budget, and S next to Ŝ (Fig. 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from nyscli.approx.metrics import METRIC_LABELS  # noqa: E402
+from nyscli.approx.summary import summarise  # noqa: E402
+from nyscli.report.plots import loglog_panels  # noqa: E402
+
+PLOTTED = ("output_error", "matrix_error")
+MAX_PIXELS = 512  # larger matrices are block-averaged down to this many rows/columns
+MAX_COLUMNS = 4  # panels per row of the S-next-to-Ŝ figure
+
+
+def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
+    """Log-log mean error versus budget m, one line per method (and source, if several).
+
+    Methods without a budget (uniform, linear) are drawn flat across the budgets present.
+    Returns None when there is nothing to plot.
+    """
+    summary = summarise(df)
+    columns = [m for m in PLOTTED if f"{m}_mean" in summary]
+    budgets = sorted(summary["budget"].dropna().unique())
+    if not columns or not budgets:
+        return None
+    flat = summary[summary["budget"].isna()]
+    summary = pd.concat(
+        [summary.dropna(subset=["budget"]), *(flat.assign(budget=b) for b in budgets)]
+    )
+    sources = list(df["source"].unique()) if "source" in df else []
+    if "source" in summary:  # several sources: one line per (source, method)
+        summary["line"] = summary["source"].astype(str) + ": " + summary["method"]
+    else:
+        summary["line"] = summary["method"]
+    panels = [(f"{m}_mean", f"mean {METRIC_LABELS[m]}") for m in columns]
+    title = f"source: {', '.join(map(str, sources))}" if sources else ""
+    if "seq_len" in df and df["seq_len"].nunique() == 1:
+        title += f", n={df['seq_len'].iloc[0]}"
+    return loglog_panels(summary, "budget", panels, "line", path, title=title)
+
+
+def _downsample(matrix: Tensor) -> Tensor:
+    """Block-average an (r, c) matrix to at most ``MAX_PIXELS`` per side for display."""
+    factor = -(-max(matrix.shape) // MAX_PIXELS)
+    if factor == 1:
+        return matrix
+    pooled = torch.nn.functional.avg_pool2d(matrix[None, None], factor, ceil_mode=True)
+    return pooled[0, 0]
+
+
+def attention_maps(matrices: dict[str, Tensor], path: Path, title: str) -> Path:
+    """S next to each method's Ŝ for one head (the paper's Fig. 3), on one colour scale.
+
+    ``matrices``: label -> (n, n) matrix, the exact one under ``"exact"`` (uniform attention
+    is left out: a flat square). The colour scale runs from 0 to the 99.5th percentile of S,
+    so a few large entries do not wash it out; negative entries of Ŝ show as 0.
+    """
+    labels = ["exact", *(k for k in matrices if k not in ("exact", "uniform"))]
+    exact = matrices["exact"].detach().double().cpu().flatten()
+    sample = exact[:: -(-exact.numel() // 1_000_000)]  # torch.quantile caps its input size
+    top = torch.quantile(sample, 0.995).item()
+    cols = min(len(labels), MAX_COLUMNS)
+    rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2.6 * cols + 0.8, 2.8 * rows), squeeze=False, layout="constrained"
+    )
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for ax, label in zip(axes.flat, labels, strict=False):
+        shown = _downsample(matrices[label].detach().double().cpu())
+        image = ax.imshow(shown.numpy(), cmap="viridis", vmin=0.0, vmax=top)
+        ax.set_title("S (exact)" if label == "exact" else f"Ŝ {label}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.8)
+    fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,43 @@
+"""Aggregation of the long-format results: one row per (method, budget) with mean and spread."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from nyscli.approx.metrics import METRICS
+
+# Columns that tell runs apart when several are stacked (``nys report``); kept when they vary.
+RUN_KEYS = ("job", "source", "seq_len")
+
+
+def group_keys(df: pd.DataFrame) -> list[str]:
+    """Run-level columns that vary in ``df``, then method and budget."""
+    varying = [key for key in RUN_KEYS if key in df and df[key].nunique(dropna=False) > 1]
+    return [*varying, "method", "budget"]
+
+
+def summarise(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean, standard deviation, min, max and count of each metric per (method, budget).
+
+    Input: long format (method, budget, metric, value, ...). Output: one row per group with
+    columns ``<metric>_mean``, ``<metric>_std``, ... for the metrics present, and ``heads``
+    (how many heads were averaged), in the order methods first appear, budgets ascending.
+    """
+    keys = group_keys(df)
+    stats = (
+        df.groupby([*keys, "metric"], dropna=False, sort=False)["value"]
+        .agg(["mean", "std", "min", "max", "count"])
+        .unstack("metric")
+    )
+    metrics = [m for m in METRICS if m in stats.columns.get_level_values(1)]
+    wide = pd.DataFrame(index=stats.index)
+    for metric in metrics:
+        for stat in ("mean", "std", "min", "max"):
+            wide[f"{metric}_{stat}"] = stats[(stat, metric)]
+    wide["heads"] = stats["count"].max(axis=1).astype(int)
+    wide = wide.reset_index()
+    order = {m: i for i, m in enumerate(dict.fromkeys(df["method"]))}
+    wide["_order"] = wide["method"].map(order)
+    return wide.sort_values([*keys[:-2], "_order", "budget"], na_position="first").drop(
+        columns="_order"
+    )
