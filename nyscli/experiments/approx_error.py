@@ -1,0 +1,277 @@
+"""``nys approx-error``: how close Nyström is to exact softmax attention, against its rivals.
+
+For every head of the chosen source (synthetic draws or a real BERT's layers), every method at
+every budget m: relative errors of the attention matrix and of the output, row-sum deviation,
+and Nyström's pseudo-inverse residual. The numerical work lives in ``nyscli.approx``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from nyscli.approx import methods as approx_methods
+from nyscli.approx import plots, sources
+from nyscli.approx.evaluate import evaluate_head, iter_heads
+from nyscli.approx.metrics import METRIC_LABELS
+from nyscli.approx.sample_text import SAMPLE_TEXT
+from nyscli.approx.summary import summarise
+from nyscli.attention import AttentionConfigError, available, build_attention
+from nyscli.errors import UserInputError
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+SYNTHETIC_SEQ_LEN = 4096
+
+
+def _positive(cfg: DictConfig, key: str, integer: bool, allow_null: bool = False) -> None:
+    value = cfg.get(key)
+    if value is None and allow_null:
+        return
+    numeric = type(value) is int or (not integer and type(value) is float)
+    if not numeric or value <= 0:
+        what = "an integer >= 1" if integer else "a number > 0"
+        raise UserInputError(f"{key}={value} is not allowed; it must be {what}")
+
+
+def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def budgets(cfg: DictConfig) -> list[int]:
+    """Budgets m: ``landmarks`` (a list or one number), else [attention.num_landmarks]."""
+    value = cfg.landmarks
+    if value is None:
+        value = [cfg.attention.num_landmarks]
+    elif isinstance(value, int):
+        value = [value]
+    return [int(m) for m in value]
+
+
+def seq_len(cfg: DictConfig) -> int:
+    """n: ``seq_len``, or the source's default (4096 synthetic, 512 minilm)."""
+    if cfg.seq_len is not None:
+        return int(cfg.seq_len)
+    return sources.MINILM_MAX_TOKENS if cfg.source == "minilm" else SYNTHETIC_SEQ_LEN
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
+    _one_of("source", cfg.source, sources.SOURCES)
+    if cfg.source == "checkpoint":
+        raise UserInputError(sources.CHECKPOINT_ERROR)
+    _positive(cfg, "seq_len", integer=True, allow_null=True)
+    for key in ("head_dim", "heads", "max_sequences", "svd_max_seq_len"):
+        _positive(cfg, key, integer=True)
+    for key in ("scale", "correlation_length", "max_matrix_mb"):
+        _positive(cfg, key, integer=False)
+    if type(cfg.seed) is not int:
+        raise UserInputError(f"seed={cfg.seed} is not allowed; it must be an integer")
+    if cfg.threads is not None:
+        _positive(cfg, "threads", integer=True)
+    for key in ("plot_layer", "plot_head"):
+        if type(cfg[key]) is not int or cfg[key] < 0:
+            raise UserInputError(f"{key}={cfg[key]} is not allowed; it must be an integer >= 0")
+    values = cfg.landmarks if OmegaConf.is_list(cfg.landmarks) else [cfg.landmarks]
+    if cfg.landmarks is not None and (
+        not values or any(type(m) is not int or m < 1 for m in values)
+    ):
+        raise UserInputError(
+            f"landmarks={cfg.landmarks} is not allowed; give integers >= 1, e.g. [16,32,64], "
+            "or null for attention.num_landmarks"
+        )
+    if not cfg.methods and not cfg.baselines:
+        raise UserInputError("methods=[] and baselines=[]: nothing to compare; name a method")
+    for method in cfg.methods:
+        _one_of("methods", method, approx_methods.METHODS)
+        if approx_methods.core_name(method) not in available():
+            raise UserInputError(
+                f"methods={method} is not allowed: attention core "
+                f"'{approx_methods.core_name(method)}' is not in this build; "
+                f"choose from: {', '.join(available())}"
+            )
+    for baseline in cfg.baselines:
+        _one_of("baselines", baseline, approx_methods.BASELINES)
+    _one_of("dtype", cfg.dtype, tuple(DTYPES))
+    device = str(cfg.device)
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise UserInputError(f"device={device} is not allowed; choose one of: auto, cpu, cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserInputError(f"device={device} but no CUDA device is available; use device=cpu")
+    if cfg.attention.get("name") != "nystrom":
+        raise UserInputError(
+            f"attention={cfg.attention.get('name')} is not allowed here: attention.* holds the "
+            "Nyström settings; pick rivals with methods=[...]"
+        )
+    try:
+        build_attention(OmegaConf.to_container(cfg.attention))
+    except AttentionConfigError as error:
+        raise UserInputError(str(error)) from None
+    if cfg.source == "minilm":
+        if seq_len(cfg) > sources.MINILM_MAX_TOKENS:
+            raise UserInputError(
+                f"seq_len={cfg.seq_len} is not allowed with source=minilm; "
+                f"the model reads at most {sources.MINILM_MAX_TOKENS} tokens"
+            )
+        if cfg.text_path is not None and not Path(cfg.text_path).is_file():
+            raise UserInputError(f"text_path={cfg.text_path} is not a readable file")
+        hint = sources.minilm_missing()
+        if hint:
+            raise UserInputError(hint)
+
+
+def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
+    """The Q, K, V under study, one ``AttentionInputs`` per layer, in float64 on the CPU."""
+    n = seq_len(cfg)
+    if cfg.source == "gaussian":
+        return [sources.gaussian(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.seed)]
+    if cfg.source == "smooth":
+        return [
+            sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
+        ]
+    text = SAMPLE_TEXT if cfg.text_path is None else Path(cfg.text_path).read_text("utf-8")
+    return sources.minilm(text, n, cfg.max_sequences)
+
+
+def build_cores(
+    cfg: DictConfig, n: int, budget_list: list[int]
+) -> dict[tuple[str, int | None], torch.nn.Module]:
+    """(label, budget) -> core for every requested method; unbudgeted methods once (None)."""
+    attention = OmegaConf.to_container(cfg.attention)
+    cores: dict[tuple[str, int | None], torch.nn.Module] = {}
+    for method in cfg.methods:
+        label = approx_methods.method_label(method, attention)
+        for m in [None] if method in approx_methods.UNBUDGETED else budget_list:
+            if (label, m) not in cores:
+                config = approx_methods.core_config(method, m or 0, n, attention, cfg.seed)
+                cores[label, m] = approx_methods.build_core(config, cfg.seed)
+    return cores
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    """Measure every method on every head; write the two PNGs; return the long-format results.
+
+    Columns: source, seq_len, head_dim, layer, sequence, head, n (real tokens of the head),
+    method, budget (NA for methods without one), metric, value, then the run's settings.
+    """
+    validate(cfg)
+    threads = torch.get_num_threads()
+    try:
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        return measure(cfg, Path(run_dir), console)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    """``run`` after validation, with the thread count set."""
+    dtype, device = DTYPES[cfg.dtype], resolve_device(str(cfg.device))
+    layers = [inputs.to(dtype, device) for inputs in load_inputs(cfg)]
+    b, h, n, d = layers[0].q.shape
+    budget_list = budgets(cfg)
+    itemsize = torch.finfo(dtype).bits // 8
+    with_matrix = n * n * itemsize <= cfg.max_matrix_mb * 2**20
+    baselines = list(cfg.baselines)
+    if "svd" in baselines and not (with_matrix and n <= cfg.svd_max_seq_len):
+        console.print(
+            f"[yellow]note:[/] no SVD baseline at n={n} (see max_matrix_mb, svd_max_seq_len)"
+        )
+        baselines.remove("svd")
+    if not with_matrix:
+        console.print(f"[yellow]note:[/] n={n} too large for n x n matrices: no matrix_error")
+    cores = build_cores(cfg, n, budget_list)
+    nystrom_m = cfg.attention.num_landmarks
+    keep_budget = min(budget_list, key=lambda m: (abs(m - nystrom_m), m))
+    example = (cfg.plot_layer, 0, cfg.plot_head)
+
+    records, example_maps = [], {}
+    heads = track(
+        iter_heads(layers, with_matrix),
+        description=f"approx-error: {len(cores)} cores x {len(layers) * b * h} heads",
+        total=len(layers) * b * h,
+        console=console,
+        transient=True,
+    )
+    with torch.no_grad():
+        for head in heads:
+            keep = (head.layer, head.sequence, head.head) == example
+            recs, maps = evaluate_head(
+                head, cores, budget_list, baselines, keep_budget if keep else None
+            )
+            records += recs
+            example_maps.update(maps)
+
+    df = pd.DataFrame.from_records(records)
+    df["budget"] = df["budget"].astype("Int64")
+    df.insert(0, "source", cfg.source)
+    df.insert(1, "seq_len", n)
+    df.insert(2, "head_dim", d)
+    synthetic = cfg.source != "minilm"
+    df["scale"] = cfg.scale if synthetic else math.nan
+    df["correlation_length"] = cfg.correlation_length if cfg.source == "smooth" else math.nan
+    df["dtype"] = cfg.dtype
+    df["pinv"] = cfg.attention.pinv
+    df["pinv_iterations"] = cfg.attention.pinv_iterations
+    df["seed"] = cfg.seed
+
+    if not cfg.plots:
+        return df
+    plots.error_vs_budget(df, run_dir / "error_vs_budget.png")
+    if "exact" in example_maps:
+        title = f"{cfg.source}: layer {example[0]}, head {example[2]}, n={n}; m={keep_budget}"
+        plots.attention_maps(example_maps, run_dir / "attention_maps.png", title)
+    return df
+
+
+def _cell(mean: float, std: float) -> str:
+    if pd.isna(mean):
+        return ""
+    if pd.isna(std):
+        return f"{mean:.3g}"
+    return f"{mean:.3g} ± {std:.2g}"
+
+
+def render(df: pd.DataFrame) -> Table:
+    """Summary table: one row per method and budget, each metric as mean ± sd over heads."""
+    summary = summarise(df)
+    metrics = [m for m in METRIC_LABELS if f"{m}_mean" in summary]
+    run_keys = [k for k in summary.columns if k in ("job", "source", "seq_len")]
+    caption = ""
+    if "source" in df and df["source"].nunique() == 1:
+        caption = f"source={df['source'].iloc[0]}"
+        if "seq_len" in df:
+            caption += f", n={df['seq_len'].iloc[0]}"
+        if "head_dim" in df:
+            caption += f", d={df['head_dim'].iloc[0]}"
+    table = Table(
+        title="approx-error: approximation vs exact softmax attention (mean ± sd over heads)",
+        caption=caption,
+    )
+    for key in run_keys:
+        table.add_column(key)
+    table.add_column("method")
+    table.add_column("m", justify="right")
+    table.add_column("heads", justify="right")
+    for metric in metrics:
+        table.add_column(METRIC_LABELS[metric], justify="right")
+    for _, row in summary.iterrows():
+        budget = "—" if pd.isna(row["budget"]) else str(int(row["budget"]))
+        cells = [_cell(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]
+        table.add_row(
+            *(str(row[k]) for k in run_keys), row["method"], budget, str(row["heads"]), *cells
+        )
+    return table

