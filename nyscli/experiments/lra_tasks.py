@@ -6,6 +6,7 @@ Every task's batch is ``(*inputs, labels)``: ``(ids, mask, labels)`` for one seq
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,25 @@ def _plain(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}  # type: ignore[return-value]
 
 
+def _settings(cls: type, node: Any, option: str) -> Any:
+    """``cls(**node)`` for a generator-settings dataclass; unknown keys are a one-line error."""
+    values = _plain(node)
+    allowed = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise UserInputError(
+            f"{option} has no option {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+        )
+    return cls(**values)
+
+
 def _listops(task: DictConfig, cache_dir: Path | None) -> TaskData:
     from nyscli.data.listops import ListOpsConfig, load_listops
 
     return load_listops(
         task.data_dir,
         cache_dir=cache_dir,
-        config=ListOpsConfig(**_plain(task.generate)),
+        config=_settings(ListOpsConfig, task.generate, "task.generate"),
         max_len=int(task.max_len),
     )
 
@@ -101,8 +114,10 @@ def _pathfinder(task: DictConfig, cache_dir: Path | None) -> TaskData:
     data = task.data
     config = None
     if data.difficulty in DIFFICULTY_CONTOUR_LENGTH:
-        length = DIFFICULTY_CONTOUR_LENGTH[data.difficulty]
-        config = PathfinderConfig(contour_length=length, **_plain(data.generate))
+        config = _settings(PathfinderConfig, data.generate, "task.data.generate")
+        config = dataclasses.replace(
+            config, contour_length=DIFFICULTY_CONTOUR_LENGTH[data.difficulty]
+        )
     return load_pathfinder(
         data.path,
         difficulty=str(data.difficulty),
