@@ -24,8 +24,11 @@ def learning_curve(
         if column not in metrics:
             continue
         for split, group in metrics.dropna(subset=[column]).groupby("split", sort=False):
+            # A single dev point must still show: every split gets markers, test a star alone.
             style = (
-                {"marker": "*", "markersize": 12, "linestyle": "none"} if split == "test" else {}
+                {"marker": "*", "markersize": 12, "linestyle": "none"}
+                if split == "test"
+                else {"marker": "o", "markersize": 3}
             )
             ax.plot(group["step"], group[column], label=str(split), **style)
         ax.set_xlabel("step")
