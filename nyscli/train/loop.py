@@ -125,6 +125,7 @@ class Trainer:
             resume_from = Path(resume_from)
             self._restore(load_checkpoint(resume_from, self.device), train)
             self._adopt_best(resume_from.parent / BEST)
+            self.last_good = (resume_from, self.step)
             source = resume_from.parent.parent / METRICS_FILE
             log.info("resumed from %s at step %d", resume_from, self.step)
         self.metrics.start(keep_until=self.step, source=source)
@@ -143,7 +144,9 @@ class Trainer:
                 # Saving after every evaluation keeps best.pt never newer than last.pt.
                 if evaluated or self.step % cfg.save_every == 0 or self.step == stop:
                     self._save_last()
-                progress.update(bar, completed=self.step, status=status or None)
+                if status:
+                    progress.update(bar, status=status)
+                progress.update(bar, completed=self.step)
         return FitResult(
             self.step,
             self.step >= cfg.max_steps,
