@@ -28,7 +28,7 @@ BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
 METHODS = (*NYSTROM_VARIANTS, *RIVALS)
-# Matrix columns per core call in ``implied_matrix``: blocks of about this many entries.
+# ``implied_matrix`` batches its core calls so one n x 4d intermediate has about this many entries.
 BLOCK_ENTRIES = 1 << 24
 
 
