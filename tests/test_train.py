@@ -136,3 +136,12 @@ def test_batches_resume_mid_epoch_with_the_same_order():
     it2 = iter(again)
     assert [next(it2)[2].tolist() for _ in range(3)] == rest
     assert len(seen) == 4
+
+
+def test_bf16_autocast_and_accumulation_train_on_cpu(tmp_path):
+    trainer, train, dev = make_trainer(
+        tmp_path, precision="bf16", accumulate=2, max_steps=2, eval_every=2
+    )
+    result = trainer.fit(train, dev)
+    assert result.completed and train.position == 4  # 2 updates x 2 micro-batches
+    assert pd.read_csv(tmp_path / "metrics.csv").loss.notna().all()
