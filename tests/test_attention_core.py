@@ -193,13 +193,13 @@ def test_pinv_runs_in_fp32_under_autocast():
 
 
 def test_gradcheck_nystrom_and_multihead():
-    q, k, v = (t.requires_grad_() for t in smooth_qkv(1, 2, 12, 4, seed=9))
+    q, k, v = (t.requires_grad_() for t in smooth_qkv(1, 1, 9, 2, seed=9))
     core = nystrom(num_landmarks=4)
     assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c), (q, k, v))
     mha = MultiHeadAttention(
         8, 2, {"name": "nystrom", "num_landmarks": 3, "conv_kernel_size": 3}
     ).double()
-    x = torch.randn(1, 10, 8, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(1, 7, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(mha, (x,))
 
 
