@@ -263,7 +263,7 @@ def render(df: pd.DataFrame) -> Table:
     )
     for key in run_keys:
         table.add_column(key)
-    table.add_column("method")
+    table.add_column("method", no_wrap=True)
     table.add_column("m", justify="right")
     table.add_column("heads", justify="right")
     for metric in metrics:
