@@ -440,3 +440,19 @@ def test_every_variant_trains_inside_the_multi_head_module_under_bf16_autocast(n
     out.float().square().mean().backward()
     assert out.shape == x.shape and out.float().isfinite().all()
     assert x.grad.isfinite().all() and x.grad.abs().max() > 0
+
+
+@pytest.mark.parametrize("name", available())
+def test_value_width_may_differ_from_query_width(name):
+    """The interface allows v: (B, H, n, d_v) with d_v != d; with one token every core
+    returns that token's value (reformer/linformer: a multiple of it at most)."""
+    q, k = torch.randn(2, 1, 2, 1, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 1, 5, dtype=torch.float64)
+    out = build_attention({"name": name})(q, k, v)
+    assert out.shape == (1, 2, 1, 5)
+    q, k = torch.randn(2, 1, 2, 40, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 40, 5, dtype=torch.float64)
+    wide = torch.cat([v, torch.randn(1, 2, 40, 3, dtype=torch.float64)], dim=-1)
+    core = build_attention({"name": name})
+    # The first 5 output columns depend only on the first 5 value columns.
+    torch.testing.assert_close(core(q, k, v), core(q, k, wide)[..., :5])

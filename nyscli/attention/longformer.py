@@ -109,7 +109,7 @@ class LongformerAttention(nn.Module):
             out = out + weights[..., span:] @ v[:, :, None, :n_global]
         # A query with nothing to attend to (a pad amid pads) gets zeros, not a uniform mean.
         out = out * keep.any(dim=-1, keepdim=True)
-        out = out.reshape(b, h, n_blocks * block, d)[:, :, :n]
+        out = out.reshape(b, h, n_blocks * block, v.shape[-1])[:, :, :n]
         if n_global == 0:
             return out
         return torch.cat([self._global_rows(q, k, v, real, n_global), out[:, :, n_global:]], 2)

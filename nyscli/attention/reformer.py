@@ -130,7 +130,7 @@ class ReformerAttention(nn.Module):
 
         chunked = (b, h, self.n_hashes, n_chunks, chunk)
         q_s = _take_rows(q[:, :, None], slot_pos).view(*chunked, d)
-        v_s = _take_rows(v[:, :, None], slot_pos).view(*chunked, d)
+        v_s = _take_rows(v[:, :, None], slot_pos).view(*chunked, v.shape[-1])
         keys = q_s / q_s.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
         keys = _with_previous_chunk(keys)  # (B, H, R, C, 2c, d)
         key_real = _with_previous_chunk(slot_real.reshape(chunked))  # (B, H, R, C, 2c)
@@ -149,7 +149,7 @@ class ReformerAttention(nn.Module):
 
         # Back to sequence order: (B, H, R, n, ...).
         unsort = order.argsort(dim=-1)
-        out = _take_rows(out.reshape(b, h, self.n_hashes, -1, d)[..., :n, :], unsort)
+        out = _take_rows(out.reshape(b, h, self.n_hashes, -1, v.shape[-1])[..., :n, :], unsort)
         log_norm = log_norm.reshape(b, h, self.n_hashes, -1)[..., :n].gather(-1, unsort)
         has_other = has_other.reshape(b, h, self.n_hashes, -1)[..., :n].gather(-1, unsort)
 
