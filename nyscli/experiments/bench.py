@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.errors import UserInputError
@@ -273,9 +274,12 @@ def render(df: pd.DataFrame) -> RenderableType:
         f"{context['scope']}, {context['mode']}, {context['dtype']}, {context['device']}, "
         f"batch {context['batch_size']}, hidden {context['hidden']}/{context['num_heads']} heads"
     )
+    if "threads" in df and pd.notna(context["threads"]):
+        caption += f", {int(context['threads'])} thread(s)"
     if base_row:
         caption += f"; (×) = value / {base_row}'s at the same n"
     return Group(
-        _table(df, "peak_mb", f"Peak memory (MB) — {caption}", base_row),
+        Text(caption, style="italic"),
+        _table(df, "peak_mb", "Peak memory (MB)", base_row),
         _table(df, "time_ms", "Time (ms, median)", base_row),
     )
