@@ -32,10 +32,14 @@ class EncoderConfig:
     attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
     cls_token: bool = False  # prepend a learned [CLS] vector (for CLS pooling)
     init_std: float = 0.02
+    type_vocab_size: int = 0  # > 0: add segment embeddings (BERT's sentence A/B); 0 = none
 
 
 class Embeddings(nn.Module):
-    """ids (B, n) -> (B, n', dim): token + learned position embeddings (n' = n + 1 with CLS)."""
+    """ids (B, n) -> (B, n', dim): token + learned position (+ segment) embeddings.
+
+    n' = n + 1 with a learned CLS slot. Segment embeddings exist only with type_vocab_size > 0.
+    """
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -43,10 +47,23 @@ class Embeddings(nn.Module):
         self.positions = nn.Embedding(cfg.max_len + int(cfg.cls_token), cfg.dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.cls_token else None
         self.dropout = nn.Dropout(cfg.dropout)
+        # Created last so models without segments draw the same initial weights as before.
+        self.segments = (
+            nn.Embedding(cfg.type_vocab_size, cfg.dim) if cfg.type_vocab_size > 0 else None
+        )
 
-    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """ids, mask: (B, n) -> x (B, n', dim), mask (B, n') with True = real token."""
+    def forward(
+        self, ids: Tensor, mask: Tensor, segments: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """ids, mask, segments: (B, n) -> x (B, n', dim), mask (B, n') with True = real token.
+
+        ``segments`` (int64 segment ids) needs type_vocab_size > 0; None means all segment 0.
+        """
         x = self.tokens(ids)
+        if self.segments is not None:
+            x = x + self.segments(torch.zeros_like(ids) if segments is None else segments)
+        elif segments is not None:
+            raise ValueError("segment ids given but the encoder has type_vocab_size=0")
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
             mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
@@ -111,8 +128,10 @@ class Encoder(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        x, mask = self.embeddings(ids, mask)
+    def forward(
+        self, ids: Tensor, mask: Tensor, segments: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        x, mask = self.embeddings(ids, mask, segments)
         for block in self.blocks:
             x = block(x, mask)
         # Zeroing padded rows keeps anything downstream from reading them by accident.

@@ -1,0 +1,148 @@
+"""BERT on the shared pre-LN encoder: the encoder alone, and with its MLM + SOP heads.
+
+``BertEncoder`` is what a pre-training run hands to fine-tuning (``nyscli.models.pretrained``);
+``BertForPretraining`` adds the masked-language-model head (dense + GELU + LayerNorm, decoder
+tied to the token embeddings, own bias) and the sentence-order head (tanh pooler on the
+[CLS] position, then Linear(dim, 2)), as in ALBERT/the Nyströmformer BERT runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nyscli.models.encoder import Encoder, EncoderConfig
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Sizes of a BERT encoder; defaults (besides vocab_size) are the paper's BERT-small."""
+
+    vocab_size: int
+    max_len: int = 512
+    dim: int = 512
+    depth: int = 4
+    num_heads: int = 8
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
+    type_vocab_size: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (``attention`` copied into a dict)."""
+        values = dataclasses.asdict(self)
+        values["attention"] = dict(self.attention)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> BertConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ValueError naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown BertConfig keys: {', '.join(unknown)}")
+        values = dict(values)
+        if "attention" in values:
+            values["attention"] = dict(values["attention"])
+        return cls(**values)
+
+    def encoder_config(self) -> EncoderConfig:
+        return EncoderConfig(
+            vocab_size=self.vocab_size,
+            max_len=self.max_len,
+            dim=self.dim,
+            depth=self.depth,
+            num_heads=self.num_heads,
+            ffn_dim=self.ffn_dim,
+            dropout=self.dropout,
+            attention=dict(self.attention),
+            type_vocab_size=self.type_vocab_size,
+        )
+
+
+class BertEncoder(nn.Module):
+    """ids (B, n) int64, mask (B, n) bool (True = real), segments (B, n) | None -> (B, n, dim).
+
+    Position embeddings: ``self.encoder.embeddings.positions`` (nn.Embedding(max_len, dim)).
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config.encoder_config())
+
+    def forward(self, ids: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+        hidden, _ = self.encoder(ids, mask, segments)
+        return hidden
+
+    @property
+    def token_embeddings(self) -> nn.Embedding:
+        return self.encoder.embeddings.tokens
+
+
+class MaskedLMHead(nn.Module):
+    """hidden (..., dim), decoder (V, dim) -> logits (..., V): dense + GELU + LayerNorm, decoder.
+
+    The decoder weight is passed in (the token embedding table: tied), the bias is its own.
+    """
+
+    def __init__(self, dim: int, vocab_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: Tensor, decoder: Tensor) -> Tensor:
+        return F.linear(self.norm(F.gelu(self.dense(hidden))), decoder, self.bias)
+
+
+class SentenceOrderHead(nn.Module):
+    """hidden (B, n, dim) -> logits (B, 2) from the [CLS] position: dense + tanh, Linear."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(dim, dim)
+        self.classifier = nn.Linear(dim, 2)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.classifier(self.pooler(hidden[:, 0]).tanh())
+
+
+class BertForPretraining(nn.Module):
+    """BertEncoder + MLM head (tied decoder) + SOP head.
+
+    forward(ids, mask, segments) -> (mlm_logits (B, n, V), sop_logits (B, 2)). With
+    ``mlm_positions`` (B, n) bool, mlm_logits are only those positions' (k, V), in row-major
+    order: the V-wide decoder is the largest matrix product, and only ~15% of tokens need it.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.bert = BertEncoder(config)
+        self.mlm = MaskedLMHead(config.dim, config.vocab_size)
+        self.sop = SentenceOrderHead(config.dim)
+        init_std = self.bert.encoder.config.init_std
+        for module in (self.mlm.dense, self.sop.pooler, self.sop.classifier):
+            nn.init.normal_(module.weight, std=init_std)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def config(self) -> BertConfig:
+        return self.bert.config
+
+    def forward(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        segments: Tensor | None = None,
+        mlm_positions: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        hidden = self.bert(ids, mask, segments)
+        selected = hidden if mlm_positions is None else hidden[mlm_positions]
+        return self.mlm(selected, self.bert.token_embeddings.weight), self.sop(hidden)
