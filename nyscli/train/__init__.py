@@ -6,6 +6,7 @@ Pieces: :class:`TrainerConfig` (the ``trainer`` config group), :class:`ShuffledB
 best/last checkpoints, resume, NaN stop, ``metrics.csv``).
 """
 
+from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches, eval_batches
 from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint, save_checkpoint
 from nyscli.train.config import PRECISIONS, TrainerConfig
@@ -29,6 +30,7 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "TrainingDiverged",
+    "distributed",
     "eval_batches",
     "load_checkpoint",
     "peak_memory_mb",

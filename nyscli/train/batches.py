@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from nyscli.train import distributed
+
 Collate = Callable[[Sequence[Any]], Any]
 
 
@@ -23,6 +25,11 @@ class ShuffledBatches:
     of ``bucket`` batches of the permutation is sorted by length before it is cut into
     batches, and the window's batches are shuffled: far less padding on variable-length
     data (ListOps: 500..2000 tokens), while every batch still mixes examples at random.
+
+    With several ranks (torch.distributed), ``batch_size`` is per rank: every rank draws the
+    same permutation of global batches of ``batch_size * world_size`` examples and takes its
+    own slice of each, so 2 ranks x batch b see exactly what 1 process x batch 2b sees.
+    ``drop_last=False`` keeps a last short batch only in one process.
     """
 
     def __init__(
@@ -38,8 +45,12 @@ class ShuffledBatches:
         n = len(dataset)  # type: ignore[arg-type]
         if n == 0:
             raise ValueError("the training set is empty")
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        if n < self.world_size:
+            raise ValueError(f"{n} training examples cannot feed {self.world_size} ranks")
         self.dataset = dataset
-        self.batch_size = min(batch_size, n)
+        self.batch_size = min(batch_size, n // self.world_size)  # per rank
+        self.global_batch_size = self.batch_size * self.world_size
         self.collate = collate
         self.seed = seed
         self.lengths = None if lengths is None else np.asarray(lengths)
@@ -49,10 +60,10 @@ class ShuffledBatches:
         self.position = 0  # batches of the current epoch already handed out
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The index arrays (each (batch_size,) or shorter) of epoch ``epoch``, in order."""
+        """The global index arrays (each (global_batch_size,) or shorter) of epoch ``epoch``."""
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.dataset))  # type: ignore[arg-type]
-        size = self.batch_size
+        size = self.global_batch_size
         if self.lengths is not None and self.bucket > 1:
             window = size * self.bucket
             chunks = []
@@ -60,7 +71,8 @@ class ShuffledBatches:
                 part = order[start : start + window]
                 chunks.append(part[np.argsort(self.lengths[part], kind="stable")])
             order = np.concatenate(chunks)
-        stop = order.size - order.size % size if self.drop_last else order.size
+        keep_short = not self.drop_last and self.world_size == 1
+        stop = order.size if keep_short else order.size - order.size % size
         batches = [order[i : i + size] for i in range(0, stop, size)]
         if self.lengths is not None and self.bucket > 1:
             batches = [batches[i] for i in rng.permutation(len(batches))]
@@ -70,7 +82,8 @@ class ShuffledBatches:
         while True:
             batches = self.epoch_batches(self.epoch)
             while self.position < len(batches):
-                index = batches[self.position]
+                start = self.rank * self.batch_size
+                index = batches[self.position][start : start + self.batch_size]
                 self.position += 1  # counted before the yield: the batch is now consumed
                 yield self.collate([self.dataset[int(i)] for i in index])
             self.epoch += 1

@@ -16,7 +16,7 @@ MONITOR_MODES = ("max", "min")
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """How to train. One optimizer update sees ``batch_size * accumulate`` examples."""
+    """How to train. One optimizer update sees ``batch_size * accumulate * ranks`` examples."""
 
     max_steps: int
     batch_size: int
@@ -41,6 +41,8 @@ class TrainerConfig:
     bucket: int = 1  # >1: length-bucketed batches (windows of this many batches)
     stop_at_step: int | None = None  # stop early (checkpoint kept) to resume later
     progress: bool = True  # rich progress bar
+    # Ranks started inside the job (torch elastic launcher); batch_size is then per rank.
+    nproc_per_node: int = 1
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainerConfig:
@@ -55,7 +57,8 @@ class TrainerConfig:
         return cfg
 
     def check(self) -> None:
-        for key in ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "bucket"):
+        positive = ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "bucket")
+        for key in (*positive, "nproc_per_node"):
             _at_least(getattr(self, key), f"trainer.{key}", 1)
         for key in ("eval_examples", "eval_batch_size", "checkpoint_every", "stop_at_step"):
             if getattr(self, key) is not None:

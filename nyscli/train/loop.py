@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from nyscli.errors import UserInputError
+from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
 from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint, save_checkpoint
 from nyscli.train.config import TrainerConfig
@@ -86,6 +87,10 @@ class Trainer:
                 "trainer.precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU"
             )
         self.model = model.to(self.device)
+        # Several ranks (torch.distributed): same weights everywhere, gradients averaged and
+        # metrics summed across ranks; rank 0 alone writes metrics.csv and checkpoints.
+        self.main = distributed.is_main()
+        distributed.broadcast_module(self.model)
         self.objective = objective
         self.config = config
         self.run_dir = Path(run_dir)
@@ -97,7 +102,7 @@ class Trainer:
             self.optimizer, config.warmup_steps, config.max_steps, config.decay, config.min_lr_ratio
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        self.metrics = MetricsLog(self.run_dir / METRICS_FILE, metric_names)
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE, metric_names, write=self.main)
         self.checkpoints = self.run_dir / CHECKPOINT_DIR
         self.step = 0
         self.best_value: float | None = None
@@ -158,21 +163,29 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Any]) -> dict[str, float]:
-        """Average loss and metrics of the model over ``batches`` (eval mode, autocast)."""
+        """Average loss and metrics of the model over ``batches`` (eval mode, autocast).
+
+        With several ranks each evaluates every world-size-th batch and the sums are added up:
+        all ranks get the same numbers, computed on every batch exactly once.
+        """
         self.model.eval()
         running = Running()
         start = time.perf_counter()
-        for batch in batches:
+        rank, size = distributed.rank(), distributed.world_size()
+        for i, batch in enumerate(batches):
+            if i % size != rank:
+                continue
             with self._autocast():
                 result = self.objective(self.model, to_device(batch, self.device))
             running.add(result, float(result.loss))
         running.seconds = time.perf_counter() - start
         self.model.train()
-        return running.summary()
+        return distributed.reduce_running(running).summary()
 
     def test(self, batches: Iterable[Any]) -> dict[str, float]:
         """Evaluate the best-dev checkpoint (the current model if none) and log a test row."""
         best = self.checkpoints / BEST
+        distributed.barrier()  # rank 0 has written best.pt
         if best.exists():
             self.model.load_state_dict(load_checkpoint(best, self.device)["model"])
         summary = self.evaluate(batches)
@@ -193,16 +206,23 @@ class Trainer:
         start = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
         tokens = 0
+        bad_loss = None
         for _ in range(cfg.accumulate):
             batch = to_device(next(batches), self.device)
             with self._autocast():
                 result = self.objective(self.model, batch)
             loss = float(result.loss.detach())
             if not math.isfinite(loss):
-                raise self._diverged(f"loss became {loss}", lr)
+                bad_loss = loss
+                break
             self.scaler.scale(result.loss / cfg.accumulate).backward()
             self.window.add(result, loss)
             tokens += result.tokens
+        # Every rank learns whether any rank diverged, and the update's global token count.
+        diverged, tokens = distributed.sum_across_ranks([float(bad_loss is not None), tokens])
+        if diverged:
+            raise self._diverged(f"loss became {bad_loss or 'non-finite on another rank'}", lr)
+        distributed.average_gradients(list(self.model.parameters()))
         if cfg.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm))
@@ -217,7 +237,7 @@ class Trainer:
         seconds = time.perf_counter() - start
         self.window.seconds += seconds
         self.train_seconds += seconds
-        self.train_tokens += tokens
+        self.train_tokens += round(tokens)
         return lr
 
     def _diverged(self, what: str, lr: float) -> TrainingDiverged:
@@ -233,7 +253,7 @@ class Trainer:
     # ------------------------------------------------------------------ logging, eval
 
     def _log_train(self, lr: float) -> None:
-        summary = self.window.summary()
+        summary = distributed.reduce_running(self.window).summary()
         self.metrics.append(
             self.step, "train", {**summary, "lr": lr, "elapsed_s": self.train_seconds}
         )
@@ -246,10 +266,11 @@ class Trainer:
         value = summary.get(self.config.monitor, summary["loss"])
         if math.isfinite(value) and self._improves(value):
             self.best_value, self.best_step = value, self.step
-            save_checkpoint(
-                {"model": self.model.state_dict(), "step": self.step, "value": value},
-                self.checkpoints / BEST,
-            )
+            if self.main:
+                save_checkpoint(
+                    {"model": self.model.state_dict(), "step": self.step, "value": value},
+                    self.checkpoints / BEST,
+                )
         best = math.nan if self.best_value is None else self.best_value
         text = f"dev {self.config.monitor} {value:.4f} (best {best:.4f})"
         log.info(
@@ -271,6 +292,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save_last(self) -> None:
+        # The window's sums over all ranks go into the checkpoint; on resume rank 0 takes them.
+        window = distributed.reduce_running(self.window)
+        if not self.main:
+            self.last_good = (self.checkpoints / LAST, self.step)
+            return
         path = save_checkpoint(
             {
                 "step": self.step,
@@ -282,7 +308,7 @@ class Trainer:
                 "loader": self.train_batches.state_dict() if self.train_batches else None,
                 "best_value": self.best_value,
                 "best_step": self.best_step,
-                "window": self.window.state_dict(),
+                "window": window.state_dict(),
                 "train_seconds": self.train_seconds,
                 "train_tokens": self.train_tokens,
             },
@@ -307,7 +333,7 @@ class Trainer:
             train.load_state_dict(state["loader"])
         self.step = int(state["step"])
         self.best_value, self.best_step = state["best_value"], state["best_step"]
-        self.window = Running.from_state(state["window"])
+        self.window = Running.from_state(state["window"]) if self.main else Running()
         self.train_seconds = float(state["train_seconds"])
         self.train_tokens = int(state["train_tokens"])
 
@@ -319,8 +345,9 @@ class Trainer:
             log.warning("%s is not the best checkpoint the resumed state names; ignored", source)
             self.best_value = self.best_step = None
             return
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, self.checkpoints / BEST)
+        if self.main:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, self.checkpoints / BEST)
 
     def _progress(self) -> Progress:
         return Progress(
@@ -330,5 +357,5 @@ class Trainer:
             TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"),
             console=self.console,
-            disable=not self.config.progress,
+            disable=not self.config.progress or not self.main,
         )

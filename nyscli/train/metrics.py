@@ -74,14 +74,18 @@ class MetricsLog:
 
     Columns: step, split, loss, <metric names>, lr, tokens_per_s, elapsed_s. A crash leaves
     every row written so far intact (each row is one write of a whole line + fsync).
+    ``write=False`` (ranks other than 0 of a distributed run) writes nothing.
     """
 
-    def __init__(self, path: Path, metric_names: tuple[str, ...]) -> None:
+    def __init__(self, path: Path, metric_names: tuple[str, ...], write: bool = True) -> None:
         self.path = Path(path)
+        self.write = write
         self.columns = ["step", "split", "loss", *metric_names, "lr", "tokens_per_s", "elapsed_s"]
 
     def start(self, keep_until: int | None = None, source: Path | None = None) -> None:
         """Create the file with its header; on resume copy ``source``'s rows up to a step."""
+        if not self.write:
+            return
         rows: list[dict[str, str]] = []
         if source is not None and source.exists():
             with open(source, newline="") as handle:
@@ -95,6 +99,8 @@ class MetricsLog:
         write_atomic(self.path, write)
 
     def append(self, step: int, split: str, values: dict[str, float]) -> None:
+        if not self.write:
+            return
         row = {"step": step, "split": split, **values}
         line = ",".join(_cell(row.get(column)) for column in self.columns) + "\n"
         with open(self.path, "a", encoding="utf-8") as handle:
