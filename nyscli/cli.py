@@ -140,6 +140,11 @@ def lra(
     resume: str = typer.Option(
         None, help="true (newest matching run under outputs/lra/) or a run folder to continue."
     ),
+    nproc_per_node: int = typer.Option(
+        None,
+        help="Training processes (torch.distributed ranks) per job; --batch-size is per rank "
+        "(sets trainer.nproc_per_node).",
+    ),
     multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
 ) -> None:
     """Table 3: train and test on a Long Range Arena task (attention=... picks the variant)."""
@@ -149,6 +154,7 @@ def lra(
         "trainer.batch_size": batch_size,
         "seed": seed,
         "resume": resume,
+        "trainer.nproc_per_node": nproc_per_node,
     }
     run_hydra_command("lra", typed, overrides, multirun)
 

@@ -37,6 +37,7 @@ from nyscli.train import (
     ShuffledBatches,
     Trainer,
     TrainerConfig,
+    distributed,
     eval_batches,
     peak_memory_mb,
     resolve_device,
@@ -114,7 +115,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         cfg.resume, Path(OUTPUT_ROOT) / "lra", run_dir, _same_setup(cfg)
     )
     seed_everything(int(cfg.seed))
-    data = load_task(cfg.task, cfg.data_cache)
+    with distributed.main_first():  # one rank generates the cached data, the others read it
+        data = load_task(cfg.task, cfg.data_cache)
     log.info(
         "task %s: %d train / %d dev / %d test examples",
         cfg.task.name,
@@ -145,6 +147,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         test_set = eval_batches(data.test, eval_size, data.collate, cfg.task.test_examples)
         test = trainer.test(test_set)
         log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    if not distributed.is_main():
+        return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
     metrics = pd.read_csv(run_dir / METRICS_FILE)
     learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
@@ -164,7 +168,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "peak_mb": peak_memory_mb(device),
         "test_examples": min(len(data.test), cfg.task.test_examples or len(data.test)),
         "max_len": int(cfg.task.max_len),
-        "batch_size": settings.batch_size * settings.accumulate,
+        "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
+        "world_size": distributed.world_size(),
         "precision": settings.precision,
         "device": str(device),
         "threads": torch.get_num_threads(),

@@ -3,18 +3,25 @@
 It is rebuilt from the job folders on disk (never from memory) after every job, so a sweep
 whose later jobs fail or that is interrupted still has a summary of what finished; the end of
 the sweep rebuilds it once more and prints the table.
+
+Jobs of the joblib and submitit launchers end in other processes, possibly at the same time:
+a lock file serialises the rebuilds, so the last one written has seen every finished job.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from nyscli.experiments.report import show_report
 from nyscli.report.files import write_csv
@@ -23,13 +30,22 @@ from nyscli.report.runs import aggregate, find_run_folders, load_run
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.csv"
+LOCK_FILE = ".summary.lock"
 
 
 def write_summary(sweep_dir: Path) -> Path | None:
-    runs = [load_run(p) for p in find_run_folders([sweep_dir])]
-    if not runs:
-        return None
-    return write_csv(aggregate(runs), sweep_dir / SUMMARY_FILE)
+    """Rebuild ``summary.csv`` from the job folders under ``sweep_dir`` (None if none yet)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        runs = []
+        for path in find_run_folders([sweep_dir]):
+            # A job starting right now may still be writing its .hydra/config.yaml.
+            with contextlib.suppress(OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+                runs.append(load_run(path))
+        if not runs:
+            return None
+        return write_csv(aggregate(runs), sweep_dir / SUMMARY_FILE)
 
 
 class SweepSummary(Callback):

@@ -1,8 +1,10 @@
 """Find run folders on disk and gather their results into one DataFrame.
 
 A run folder is any directory holding ``.hydra/config.yaml`` (single runs and the per-job
-folders of a sweep alike). A run without ``results.csv`` is reported as failed, so a partly
-failed sweep still aggregates.
+folders of a sweep alike, whichever Hydra launcher ran them: basic, joblib and submitit all
+write ``<sweep>/<job number>/``). A run without ``results.csv`` is reported as failed, so a
+partly failed sweep still aggregates; a submitit job killed before it could write
+``error.txt`` (time limit, memory, preemption) points to its log under ``<sweep>/.submitit/``.
 """
 
 from __future__ import annotations
@@ -56,10 +58,30 @@ def load_run(path: Path) -> RunFolder:
         error = error_file.read_text().strip().splitlines()[0]
     elif results is None:
         error = "no results.csv (the run failed or is still running)"
+        log = submitit_log(path)
+        if log is not None:
+            error += f"; launcher log {log}: {_last_line(log)}"
     else:
         error = None
     command = str(config.get("command", "unknown"))
     return RunFolder(path, command, [str(o) for o in overrides], results, error)
+
+
+def submitit_log(path: Path) -> Path | None:
+    """The stderr log submitit kept for the job in ``path`` (default ``.submitit/%j`` layout)."""
+    hydra_file = path / ".hydra" / "hydra.yaml"
+    if not hydra_file.exists():
+        return None
+    job_id = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.job.id", default=None)
+    if job_id is None:
+        return None
+    logs = sorted((path.parent / ".submitit" / str(job_id)).glob("*_log.err"))
+    return logs[0] if logs else None
+
+
+def _last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    return next((line for line in reversed(lines) if line), "(empty)")
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
