@@ -160,6 +160,36 @@ def lra(
 
 
 @app.command(context_settings=HYDRA_COMMAND)
+def pretrain(
+    overrides: list[str] = typer.Argument(
+        None,
+        help=OVERRIDES_HELP,
+        show_default=False,
+        autocompletion=complete_overrides("pretrain"),
+    ),
+    model: str = typer.Option(None, help="bert_mini, bert_small or bert_base (model group)."),
+    data: str = typer.Option(None, help="wiki_summaries, folder (data.path=...) or hf."),
+    steps: int = typer.Option(None, help="Optimizer steps (sets trainer.max_steps)."),
+    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
+    seed: int = typer.Option(None, help="Seed of weights, dropout, batch order and masks."),
+    resume: str = typer.Option(
+        None, help="true (newest matching run under outputs/pretrain/) or a run folder."
+    ),
+    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+) -> None:
+    """Fig. 5/6: BERT MLM + SOP pre-training (attention=... picks the variant)."""
+    typed = {
+        "model": model,
+        "data": data,
+        "trainer.max_steps": steps,
+        "trainer.batch_size": batch_size,
+        "seed": seed,
+        "resume": resume,
+    }
+    run_hydra_command("pretrain", typed, overrides, multirun)
+
+
+@app.command(context_settings=HYDRA_COMMAND)
 def finetune(
     overrides: list[str] = typer.Argument(
         None,

@@ -11,6 +11,7 @@ COMMANDS: dict[str, str] = {
     "bench": "nyscli.experiments.bench",
     "approx_error": "nyscli.experiments.approx_error",
     "lra": "nyscli.experiments.lra",
+    "pretrain": "nyscli.experiments.pretrain",
     "finetune": "nyscli.experiments.finetune",
 }
 

@@ -1,0 +1,301 @@
+"""``nys pretrain``: BERT MLM + SOP pre-training with any attention (the paper's Fig. 5/6).
+
+One run = one (model, attention) on one corpus. Documents are split train/validation, a
+WordPiece tokenizer is trained on the training documents (or a vocab.txt is used), and the
+shared trainer optimises MLM + SOP loss (``pretrain_objectives``). The run folder gets
+``metrics.csv`` (validation MLM/SOP loss and accuracy every ``trainer.eval_every`` steps),
+``pretraining_curves.png``, and ``pretrained/`` (encoder weights of the best validation MLM
+accuracy, config, tokenizer) for ``nys finetune init=<run folder>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from nyscli.attention import AttentionConfigError, MultiHeadAttention
+from nyscli.bridge import OUTPUT_ROOT
+from nyscli.data.common import DataError
+from nyscli.data.corpus import SOURCES
+from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
+from nyscli.errors import UserInputError
+from nyscli.experiments.bench import row_label
+from nyscli.experiments.pretrain_objectives import (
+    METRICS,
+    PretrainCollate,
+    frozen_batches,
+    most_frequent_token_accuracy,
+    pretraining_objective,
+)
+from nyscli.models.bert import BertConfig, BertForPretraining
+from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
+from nyscli.report.plots import plt, save_figure
+from nyscli.train import (
+    BEST,
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    ShuffledBatches,
+    Trainer,
+    TrainerConfig,
+    load_checkpoint,
+    peak_memory_mb,
+    resolve_device,
+    seed_everything,
+)
+from nyscli.train.resume import find_resume_checkpoint
+
+log = logging.getLogger(__name__)
+
+CURVE_FILE = "pretraining_curves.png"
+MODEL_KEYS = ("dim", "depth", "num_heads", "ffn_dim", "max_len")
+SETUP_KEYS = ("data", "tokenizer", "model", "attention", "mlm_probability")
+
+
+def trainer_config(cfg: DictConfig) -> TrainerConfig:
+    return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
+
+
+def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
+    model = cfg.model
+    return BertConfig(
+        vocab_size=vocab_size,
+        max_len=int(model.max_len),
+        dim=int(model.dim),
+        depth=int(model.depth),
+        num_heads=int(model.num_heads),
+        ffn_dim=int(model.ffn_dim),
+        dropout=float(model.dropout),
+        attention=OmegaConf.to_container(cfg.attention, resolve=True),
+    )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cheap checks of every value (the corpus is not read)."""
+    for key in MODEL_KEYS:
+        value = cfg.model.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserInputError(f"model.{key}={value} is not allowed; it must be an integer >= 1")
+    if not 0.0 <= float(cfg.model.dropout) < 1.0:
+        raise UserInputError(f"model.dropout={cfg.model.dropout} is not allowed; use 0 <= p < 1")
+    if not 0.0 < float(cfg.mlm_probability) < 1.0:
+        raise UserInputError(f"mlm_probability={cfg.mlm_probability} is not allowed; use 0 < p < 1")
+    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
+        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    source = cfg.data.get("source")
+    if source not in SOURCES:
+        raise UserInputError(
+            f"data.source={source} is not allowed; choose one of: {', '.join(SOURCES)}"
+        )
+    if source == "folder":
+        path = cfg.data.get("path")
+        if not path or not Path(str(path)).expanduser().exists():
+            raise UserInputError(
+                f"data.path={path} does not exist; expected a folder of .txt/.jsonl documents"
+            )
+    if cfg.tokenizer.get("kind") not in TOKENIZER_KINDS:
+        allowed = ", ".join(TOKENIZER_KINDS)
+        raise UserInputError(
+            f"tokenizer.kind={cfg.tokenizer.get('kind')} is not allowed; choose one of: {allowed}"
+        )
+    device = resolve_device(str(cfg.device))
+    if trainer_config(cfg).precision == "fp16" and device.type != "cuda":
+        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+    try:
+        MultiHeadAttention(
+            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+        )
+    except AttentionConfigError as error:
+        raise UserInputError(str(error)) from error
+
+
+def _setup(cfg: DictConfig) -> dict[str, Any]:
+    """What a resumed run must share with the interrupted one, as plain values."""
+    node = OmegaConf.masked_copy(cfg, list(SETUP_KEYS))
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+
+
+def _same_setup(cfg: DictConfig):
+    """Predicate on an earlier run's config: same command, corpus, tokenizer, model, attention."""
+    mine = _setup(cfg)
+
+    def matches(other: DictConfig) -> bool:
+        if other.get("command") != "pretrain":
+            return False
+        try:
+            return _setup(other) == mine
+        except Exception:  # an old config that no longer resolves is simply not a match
+            return False
+
+    return matches
+
+
+def model_name() -> str:
+    """The ``model`` config group option of this run (e.g. bert_mini)."""
+    try:
+        return str(HydraConfig.get().runtime.choices.get("model", "custom"))
+    except ValueError:  # not inside a Hydra run (a direct call from Python)
+        return "custom"
+
+
+def _load_data(cfg: DictConfig) -> PretrainingData:
+    try:
+        return prepare_pretraining(cfg.data, cfg.tokenizer, int(cfg.model.max_len), cfg.data_cache)
+    except DataError as error:
+        raise UserInputError(str(error)) from error
+
+
+def _most_frequent_token(data: PretrainingData) -> int:
+    """The non-special id that occurs most often in the training pairs."""
+    counts = data.train.token_counts(data.tokenizer.vocab_size)
+    counts[list(data.tokenizer.special_ids)] = 0
+    return int(np.argmax(counts))
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    device = resolve_device(str(cfg.device))
+    settings = trainer_config(cfg)
+    resume_from = find_resume_checkpoint(
+        cfg.resume, Path(OUTPUT_ROOT) / "pretrain", run_dir, _same_setup(cfg)
+    )
+    seed_everything(int(cfg.seed))
+    data = _load_data(cfg)
+    tokenizer = data.tokenizer
+    log.info(
+        "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
+        "vocabulary %d",
+        len(data.train_docs),
+        len(data.val_docs),
+        len(data.train),
+        len(data.val),
+        float(data.train.lengths.mean()),
+        tokenizer.vocab_size,
+    )
+    model = BertForPretraining(bert_config(cfg, tokenizer.vocab_size))
+    collate = PretrainCollate.for_tokenizer(tokenizer, float(cfg.mlm_probability))
+    train = ShuffledBatches(
+        data.train,
+        settings.batch_size,
+        collate,
+        int(cfg.seed),
+        data.train.lengths,
+        settings.bucket,
+    )
+    dev = frozen_batches(
+        data.val,
+        settings.eval_batch_size or settings.batch_size,
+        collate,
+        int(cfg.seed) + 1,
+        settings.eval_examples,
+    )
+    common = _most_frequent_token(data)
+    baseline = most_frequent_token_accuracy(dev, common)
+    log.info(
+        "most frequent training token %r: %.4f of the validation MLM targets",
+        tokenizer.decode([common]) or common,
+        baseline,
+    )
+    trainer = Trainer(model, pretraining_objective, settings, run_dir, device, METRICS, console)
+    fit = trainer.fit(train, dev, resume_from)
+    best = run_dir / CHECKPOINT_DIR / BEST
+    pretrained = None
+    if best.exists():
+        model.load_state_dict(load_checkpoint(best, device)["model"])
+        pretrained = save_pretrained(run_dir / PRETRAINED_DIR, model.bert.cpu(), tokenizer)
+        log.info("pre-trained encoder (step %s): %s", fit.best_step, pretrained)
+    name = model_name()
+    label = row_label(OmegaConf.to_container(cfg.attention, resolve=True))
+    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", baseline)
+    val = metrics[metrics.split == "val"]
+    final = val.iloc[-1] if len(val) else None
+    row: dict[str, Any] = {
+        "model": name,
+        "attention": label,
+        "steps": fit.step,
+        "max_steps": settings.max_steps,
+        "best_val_mlm_accuracy": fit.best_value,
+        "best_step": fit.best_step,
+        "final_val_mlm_accuracy": math.nan if final is None else final.mlm_accuracy,
+        "final_val_sop_accuracy": math.nan if final is None else final.sop_accuracy,
+        "final_val_mlm_loss": math.nan if final is None else final.mlm_loss,
+        "most_frequent_token_accuracy": baseline,
+        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
+        "wall_s": time.perf_counter() - started,
+        "train_s": fit.train_seconds,
+        "tokens_per_s": fit.tokens_per_s,
+        "peak_mb": peak_memory_mb(device),
+        "train_pairs": len(data.train),
+        "val_pairs": len(data.val),
+        "mean_tokens": float(data.train.lengths.mean()) + 3,
+        "vocab_size": tokenizer.vocab_size,
+        "max_len": int(cfg.model.max_len),
+        "batch_size": settings.batch_size * settings.accumulate,
+        "precision": settings.precision,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "seed": int(cfg.seed),
+        "pretrained": str(pretrained) if pretrained else None,
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+    return pd.DataFrame([row])
+
+
+def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, baseline: float) -> Path:
+    """Validation MLM and SOP accuracy (and the constant MLM baseline) against step."""
+    val = metrics[metrics.split == "val"].sort_values("step")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, column, chance, chance_label in (
+        (axes[0], "mlm_accuracy", baseline, "most frequent token"),
+        (axes[1], "sop_accuracy", 0.5, "chance"),
+    ):
+        ax.plot(val["step"], val[column], marker="o", markersize=3, label="validation")
+        ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=chance_label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(column.replace("_", " "))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return save_figure(fig, path, dpi=110)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float) -> str:
+    return "" if pd.isna(value) else f"{100 * value:.2f}"
+
+
+def render(df: pd.DataFrame) -> RenderableType:
+    table = Table(title="Pre-training runs (validation accuracy %)", title_justify="left")
+    columns = [
+        ("model", lambda r: str(r.model)),
+        ("attention", lambda r: str(r.attention)),
+        ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
+        ("MLM best", lambda r: _pct(r.best_val_mlm_accuracy)),
+        ("MLM final", lambda r: _pct(r.final_val_mlm_accuracy)),
+        ("SOP final", lambda r: _pct(r.final_val_sop_accuracy)),
+        ("MLM baseline", lambda r: _pct(r.most_frequent_token_accuracy)),
+        ("min", lambda r: f"{r.wall_s / 60:.1f}"),
+        ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
+        ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
+    ]
+    for name, _ in columns:
+        left = name in ("model", "attention")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    for r in df.itertuples():
+        table.add_row(*(f(r) for _, f in columns))
+    return table
