@@ -295,3 +295,26 @@ def test_render_lays_runs_out_as_table_2() -> None:
     scratch = next(line for line in table.splitlines() if line.startswith("│ scratch"))
     assert "55.00" in scratch
     assert "Nyströmformer (paper)" in table and "93.0" in table
+
+
+def test_starts_from_a_real_nys_pretrain_run(run_nys, tmp_path):
+    from nyscli.experiments.finetune_model import starting_point
+    from nyscli.models.pretrained import load_pretrained
+    from tests.test_pretrain import tiny
+    from tests.test_pretrain_data import write_corpus
+
+    write_corpus(tmp_path / "corpus", n_docs=40)
+    done = run_nys("pretrain", *tiny(tmp_path / "corpus", tmp_path / "cache"), "--steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = [p.parent for p in (tmp_path / "outputs" / "pretrain").rglob(".hydra")]
+    saved, saved_tokenizer = load_pretrained(run)
+    cfg = OmegaConf.create({"init": str(run), "task": {"max_len": 64}})  # pre-trained at 48
+    start = starting_point(cfg)
+    assert start.extended_from == 48 and start.tokenizer.vocab_size == saved_tokenizer.vocab_size
+    mine, theirs = start.encoder.state_dict(), saved.state_dict()
+    positions = "encoder.embeddings.positions.weight"
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine if k != positions)
+    assert torch.equal(mine[positions][:48], theirs[positions])
+    assert torch.equal(mine[positions][48:], theirs[positions][:16])
+    assert start.encoder.training  # load_pretrained hands it over in eval mode

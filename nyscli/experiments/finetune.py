@@ -55,6 +55,7 @@ from nyscli.train import (
     ShuffledBatches,
     Trainer,
     TrainerConfig,
+    distributed,
     eval_batches,
     peak_memory_mb,
     resolve_device,
@@ -190,14 +191,15 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     log.info("task %s: %s examples", task, ", ".join(f"{len(v)} {k}" for k, v in encoded.items()))
     collate = PairCollate(max_len, start.tokenizer.pad_id)
 
-    batch_size = int(cfg.trainer.batch_size)
-    steps, warmup = schedule(cfg, len(encoded["train"]), batch_size)
+    batch_size = int(cfg.trainer.batch_size)  # per rank
+    train = ShuffledBatches(encoded["train"], batch_size, collate, int(cfg.seed),
+                            encoded["train"].seqs.lengths, int(cfg.trainer.bucket))  # fmt: skip
+    per_update = train.global_batch_size * int(cfg.trainer.accumulate)  # examples per update
+    steps, warmup = schedule(cfg, len(encoded["train"]), per_update)
     settings = dataclasses.replace(trainer_config(cfg, steps), warmup_steps=warmup)
     metrics = metric_names(task)
     objective = ClassificationObjective(f1="f1" in metrics)
     trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
-    train = ShuffledBatches(encoded["train"], batch_size, collate, int(cfg.seed),
-                            encoded["train"].seqs.lengths, settings.bucket)  # fmt: skip
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(encoded[devs[0]], eval_size, collate, settings.eval_examples)
@@ -213,6 +215,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         if "test" in encoded:
             test = trainer.test(eval_batches(encoded["test"], eval_size, collate))
             log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    if not distributed.is_main():
+        return pd.DataFrame()  # rank 0 writes the results
     attention = row_label(dict(start.encoder.config.attention))
     learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / CURVE_FILE,
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
@@ -230,7 +234,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "best_step": fit.best_step,
         "steps": fit.step,
         "max_steps": settings.max_steps,
-        "epochs": fit.step * batch_size / len(encoded["train"]),
+        "epochs": fit.step * per_update / len(encoded["train"]),
         "status": "ok" if fit.completed else f"stopped at step {fit.step}",
         "train_examples": len(encoded["train"]),
         "dev_examples": len(encoded[devs[0]]),
@@ -239,7 +243,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "train_s": fit.train_seconds,
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
-        "batch_size": batch_size * settings.accumulate,
+        "batch_size": per_update,
+        "world_size": distributed.world_size(),
         "lr": settings.lr,
         "positions_extended_from": start.extended_from,
         "init_path": (
