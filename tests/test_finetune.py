@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import hydra
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,12 +14,14 @@ import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.experiments.finetune import render, schedule
-from nyscli.experiments.finetune_model import scratch_tokenizer
+from nyscli.bridge import CONF_DIR
+from nyscli.errors import UserInputError
+from nyscli.experiments.finetune import render, schedule, validate
+from nyscli.experiments.finetune_model import scratch_tokenizer, starting_point
 from nyscli.experiments.finetune_tasks import ClassificationObjective, load_examples, seeded_subset
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.models.bert_classifier import BertClassifier, extend_positions, tiled_rows
-from nyscli.models.pretrained import save_pretrained
+from nyscli.models.pretrained import load_pretrained, save_pretrained
 from nyscli.text.tokenizer import WordPieceTokenizer
 
 WORDS = [
@@ -298,8 +301,6 @@ def test_render_lays_runs_out_as_table_2() -> None:
 
 
 def test_starts_from_a_real_nys_pretrain_run(run_nys, tmp_path):
-    from nyscli.experiments.finetune_model import starting_point
-    from nyscli.models.pretrained import load_pretrained
     from tests.test_pretrain import tiny
     from tests.test_pretrain_data import write_corpus
 
@@ -318,3 +319,21 @@ def test_starts_from_a_real_nys_pretrain_run(run_nys, tmp_path):
     assert torch.equal(mine[positions][:48], theirs[positions])
     assert torch.equal(mine[positions][48:], theirs[positions][:16])
     assert start.encoder.training  # load_pretrained hands it over in eval mode
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("epochs=0", "epochs=0 is not allowed; it must be a number > 0"),
+        ("task.max_len=2", "task.max_len=2 is not allowed; it must be an integer >= 3"),
+        ("warmup_ratio=1.5", "warmup_ratio=1.5 is not allowed; use 0 <= r < 1"),
+        ("init=/no/such/run", "init=/no/such/run is not a pretrained checkpoint; expected scratch"),
+        ("scratch.like=/no/run", "scratch.like=/no/run is not a pretrained checkpoint"),
+        ("attention.num_landmarks=0", "num_landmarks"),
+    ],
+)
+def test_bad_values_are_user_errors(override, message):
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra.compose("finetune", overrides=[override])
+    with pytest.raises(UserInputError, match=message):
+        validate(cfg)

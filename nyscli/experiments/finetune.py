@@ -75,9 +75,9 @@ PAPER = {
 }  # fmt: skip
 
 
-def _positive(value: Any, key: str, low: float = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-        raise UserInputError(f"{key}={value} is not allowed; it must be a number >= {low}")
+def _integer(value: Any, key: str, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= {low}")
 
 
 def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
@@ -93,19 +93,16 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    _positive(cfg.task.max_len, "task.max_len", 3)
-    if not isinstance(cfg.task.max_len, int):
-        raise UserInputError(f"task.max_len={cfg.task.max_len} is not allowed; use an integer >= 3")
-    _positive(cfg.epochs, "epochs", 0)
-    if not cfg.epochs > 0:
-        raise UserInputError(f"epochs={cfg.epochs} is not allowed; it must be > 0")
+    _integer(cfg.task.max_len, "task.max_len", 3)  # a pair needs [CLS] and two [SEP]
+    if isinstance(cfg.epochs, bool) or not isinstance(cfg.epochs, int | float) or cfg.epochs <= 0:
+        raise UserInputError(f"epochs={cfg.epochs} is not allowed; it must be a number > 0")
     if cfg.warmup_ratio is not None and not 0 <= float(cfg.warmup_ratio) < 1:
         raise UserInputError(f"warmup_ratio={cfg.warmup_ratio} is not allowed; use 0 <= r < 1")
     for key in ("test_examples", "dev_examples"):
         if cfg.task.get(key) is not None:
-            _positive(cfg.task[key], f"task.{key}")
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+            _integer(cfg.task[key], f"task.{key}")
+    if cfg.threads is not None:
+        _integer(cfg.threads, "threads")
     device = resolve_device(str(cfg.device))
     trainer = trainer_config(cfg)
     if trainer.precision == "fp16" and device.type != "cuda":
