@@ -134,13 +134,22 @@ def test_imdb_csv_split_dev_holdout_and_seeded_test_draw(tmp_path: Path) -> None
     assert seeded_subset(splits["test"], None, 0) is splits["test"]
 
 
-def test_scratch_tokenizer_from_a_vocab_file(tmp_path: Path) -> None:
+def test_scratch_model_from_the_groups_and_a_vocab_file(tmp_path: Path) -> None:
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "##s"]))
     tokenizer = scratch_tokenizer(str(vocab))
     assert tokenizer.encode("Goods") == [5, 6] and tokenizer.cls_id == 2
     with pytest.raises(ValueError, match="scratch.tokenizer=nope is not allowed"):
         scratch_tokenizer("nope")
+    overrides = [f"scratch.tokenizer={vocab}", "finetune_task@task=imdb", "task.max_len=600",
+                 "model.dim=16", "model.ffn_dim=32", "model.depth=1",
+                 "attention=softmax"]  # fmt: skip
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        start = starting_point(hydra.compose("finetune", overrides=overrides))
+    config = start.encoder.config
+    assert (config.vocab_size, config.dim, config.ffn_dim, config.depth) == (7, 16, 32, 1)
+    assert config.max_len == 600 and config.attention["name"] == "softmax"  # table >= task
+    assert start.source == "scratch" and start.extended_from is None
 
 
 # ------------------------------------------------------------------ CLI end to end

@@ -14,9 +14,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from nyscli.errors import UserInputError
+from nyscli.experiments.pretrain import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.models.bert_classifier import extend_positions
 from nyscli.models.pretrained import CONFIG_FILE, EXPECTED, load_pretrained, resolve_pretrained
@@ -75,17 +76,8 @@ def scratch_tokenizer(value: str) -> WordPieceTokenizer:
 
 def scratch_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
     """BertConfig from the ``model`` and ``attention`` groups (table >= task.max_len)."""
-    model = cfg.model
-    return BertConfig(
-        vocab_size=vocab_size,
-        max_len=max(int(model.max_len), int(cfg.task.max_len)),
-        dim=int(model.dim),
-        depth=int(model.depth),
-        num_heads=int(model.num_heads),
-        ffn_dim=int(model.ffn_dim),
-        dropout=float(model.dropout),
-        attention=OmegaConf.to_container(cfg.attention, resolve=True),
-    )
+    config = bert_config(cfg, vocab_size)
+    return dataclasses.replace(config, max_len=max(config.max_len, int(cfg.task.max_len)))
 
 
 def starting_point(cfg: DictConfig) -> StartingPoint:
