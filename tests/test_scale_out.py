@@ -98,6 +98,33 @@ def test_ranks_slice_the_global_batches_of_one_process(monkeypatch):
         assert all(len(b) == 4 for half in halves for b in half)
 
 
+@pytest.mark.parametrize(
+    "env,world",
+    [
+        ({}, None),
+        # torchrun / the elastic launcher
+        (
+            {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            distributed.World(3, 8, 1, 2),
+        ),
+        # a batch script's own SLURM variables are no world without an exported master ...
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),
+        # ... srun tasks with one are
+        (
+            {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+             "SLURM_JOB_NUM_NODES": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"},
+            distributed.World(5, 8, 1, 4),
+        ),
+    ],
+)  # fmt: skip
+def test_a_launched_world_is_read_from_the_environment(monkeypatch, env, world):
+    for key in ("RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR", "SLURM_PROCID", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert distributed.world_from_env() == world
+
+
 # ------------------------------------------------------------------ cluster presets
 
 

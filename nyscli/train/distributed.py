@@ -191,22 +191,24 @@ def broadcast_module(module: torch.nn.Module) -> None:
             dist.broadcast(tensor.data, src=0)
 
 
-def average_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Average ``.grad`` over ranks with one all-reduce (what DDP does after backward).
+def average_gradients(params: list[torch.nn.Parameter], extras: list[float]) -> list[float]:
+    """Average ``.grad`` over ranks (what DDP does after backward) and sum ``extras`` (counts,
+    flags of the update); two all-reduces, one of them a few numbers. Returns the summed extras.
 
     A parameter without a gradient on some ranks gets zeros there; one without a gradient on
     every rank keeps ``grad=None`` (so the optimizer skips it, as in one process).
     """
     if not active():
-        return
+        return list(extras)
     size = world_size()
-    has = sum_across_ranks([float(p.grad is not None) for p in params])
+    summed = sum_across_ranks([*extras, *(float(p.grad is not None) for p in params)])
+    extras, has = summed[: len(extras)], summed[len(extras) :]
     used = [p for p, count in zip(params, has, strict=True) if count > 0]
     for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     if not used:
-        return
+        return extras
     grads = [p.grad for p in used]
     flat = torch._utils._flatten_dense_tensors(grads)
     dist.all_reduce(flat)
@@ -214,6 +216,7 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
     reduced_grads = torch._utils._unflatten_dense_tensors(flat, grads)
     for grad, reduced in zip(grads, reduced_grads, strict=True):
         grad.copy_(reduced)
+    return extras
 
 
 # ---------------------------------------------------------------------------- joining, launching

@@ -219,10 +219,11 @@ class Trainer:
             self.window.add(result, loss)
             tokens += result.tokens
         # Every rank learns whether any rank diverged, and the update's global token count.
-        diverged, tokens = distributed.sum_across_ranks([float(bad_loss is not None), tokens])
+        diverged, tokens = distributed.average_gradients(
+            list(self.model.parameters()), [float(bad_loss is not None), tokens]
+        )
         if diverged:
             raise self._diverged(f"loss became {bad_loss or 'non-finite on another rank'}", lr)
-        distributed.average_gradients(list(self.model.parameters()))
         if cfg.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm))
