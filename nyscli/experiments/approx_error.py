@@ -117,7 +117,7 @@ def validate(cfg: DictConfig) -> None:
             "Nyström settings; pick rivals with methods=[...]"
         )
     try:
-        build_attention(OmegaConf.to_container(cfg.attention))
+        build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from None
     if cfg.source == "minilm":
@@ -150,7 +150,7 @@ def build_cores(
     cfg: DictConfig, n: int, budget_list: list[int]
 ) -> dict[tuple[str, int | None], torch.nn.Module]:
     """(label, budget) -> core for every requested method; unbudgeted methods once (None)."""
-    attention = OmegaConf.to_container(cfg.attention)
+    attention = OmegaConf.to_container(cfg.attention, resolve=True)
     cores: dict[tuple[str, int | None], torch.nn.Module] = {}
     for method in cfg.methods:
         label = approx_methods.method_label(method, attention)

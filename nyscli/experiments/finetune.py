@@ -114,7 +114,9 @@ def validate(cfg: DictConfig) -> None:
     else:
         try:
             MultiHeadAttention(
-                cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+                cfg.model.dim,
+                cfg.model.num_heads,
+                OmegaConf.to_container(cfg.attention, resolve=True),
             )
         except AttentionConfigError as error:
             raise UserInputError(str(error)) from error

@@ -79,7 +79,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
     try:
         MultiHeadAttention(
-            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention, resolve=True)
         )
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from error
