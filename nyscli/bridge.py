@@ -208,20 +208,20 @@ def launch(command: str, arguments: list[str]) -> int:
         try:
             multirun = multirun or config_multirun(command, list(args.overrides))
             validate_jobs(command, list(args.overrides), multirun)
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            given = _overrides_key(args.overrides, key)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
-            shared = distributed.shared_run_name()
+            shared = None if given else distributed.shared_run_name()
         except USER_ERRORS as error:
             message = missing_launcher(error, args.overrides) or one_line(error)
             console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
             return 2
-        name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        root = Path(OUTPUT_ROOT) / command
-        if multirun and not _overrides_key(args.overrides, "hydra.sweep.dir"):
-            sweep_dir = _run_folder(root / "multirun" / name, shared is not None)
-            args.overrides.append(f"hydra.sweep.dir={sweep_dir}")
-        elif not multirun and not _overrides_key(args.overrides, "hydra.run.dir"):
-            run_dir = _run_folder(root / name, shared is not None)
-            args.overrides.append(f"hydra.run.dir={run_dir}")
+        if not given:
+            root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
+            name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            folder = _run_folder(root / name, shared is not None)
+            args.overrides.append(f"{key}={folder}")
+            sweep_dir = folder if multirun else None
     try:
         _run_hydra(
             args=args,
@@ -234,7 +234,7 @@ def launch(command: str, arguments: list[str]) -> int:
         console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
         return abort.code
     except SystemExit:
-        # Hydra reported a launcher failure (e.g. a submitit job killed by its time limit):
+        # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
         # the jobs that did finish still get their summary, and the lost ones are listed.
         if sweep_dir is None:
             raise

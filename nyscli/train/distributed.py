@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import logging.config
+import multiprocessing
 import os
 import pickle
 import tempfile
@@ -41,6 +42,7 @@ from nyscli.train.metrics import Running
 from nyscli.train.resources import resolve_device
 
 RunFn = Callable[[DictConfig, Path, Console], pd.DataFrame]
+STANDARD_START_METHODS = ("fork", "spawn", "forkserver")
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,9 @@ def _launch_local(
             f"trainer.nproc_per_node={nproc} is not allowed: only {torch.cuda.device_count()} "
             "CUDA device(s) here; use at most that many ranks (one per GPU)"
         )
+    if multiprocessing.get_start_method(allow_none=True) not in (None, *STANDARD_START_METHODS):
+        # A joblib (loky) worker set its own start method: spawned ranks could not look it up.
+        multiprocessing.set_start_method("spawn", force=True)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
