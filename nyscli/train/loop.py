@@ -32,6 +32,7 @@ from nyscli.train.config import TrainerConfig
 from nyscli.train.errors import CheckpointError, TrainingDiverged
 from nyscli.train.metrics import METRICS_FILE, BatchResult, MetricsLog, Running
 from nyscli.train.optim import build_optimizer
+from nyscli.train.resources import release_free_heap
 from nyscli.train.schedule import build_scheduler
 from nyscli.train.seed import rng_state, set_rng_state
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 Objective = Callable[[nn.Module, Any], BatchResult]
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HEAP_TRIM_EVERY = 10  # CPU updates between heap trims (see release_free_heap)
 
 
 @dataclass
@@ -235,6 +237,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
+        if self.device.type == "cpu" and self.step % HEAP_TRIM_EVERY == 0:
+            release_free_heap()
         seconds = time.perf_counter() - start
         self.window.seconds += seconds
         self.train_seconds += seconds
