@@ -86,3 +86,26 @@ def test_render_lays_a_sweep_out_as_table_3():
     assert header.index("listops") < header.index("text")  # LRA's column order
     nystrom = next(line for line in text.splitlines() if line.startswith("│ nystrom-64"))
     assert "38.00" in nystrom and "48.00" in nystrom and "43.00" in nystrom  # avg
+
+
+def lra_attention_and_pooling(*overrides: str) -> tuple[dict, str]:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from nyscli.bridge import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("lra", overrides=list(overrides))
+    return OmegaConf.to_container(cfg.attention, resolve=True), cfg.model.pooling
+
+
+def test_nystrom_gets_the_papers_lra_conv_skip_and_listops_pools_cls():
+    attention, pooling = lra_attention_and_pooling("task=listops")
+    assert attention["name"] == "nystrom" and attention["conv_kernel_size"] == 35
+    assert pooling == "cls"
+    attention, pooling = lra_attention_and_pooling("task=text", "attention=softmax")
+    assert attention["conv_kernel_size"] == 0 and pooling == "mean"
+    attention, _ = lra_attention_and_pooling("model.nystrom_conv_kernel_size=0")
+    assert attention["conv_kernel_size"] == 0
+    attention, _ = lra_attention_and_pooling("attention.conv_kernel_size=9")
+    assert attention["conv_kernel_size"] == 9
