@@ -238,3 +238,20 @@ def test_resumed_run_gives_the_same_metrics_as_an_uninterrupted_one(tmp_path):
     for key in ("best_val_mlm_accuracy", "final_val_sop_accuracy", "steps"):
         assert straight[key].iloc[0] == resumed[key].iloc[0]
     assert not math.isnan(straight.best_val_mlm_accuracy.iloc[0])
+
+
+def test_pretrain_on_two_ranks_writes_one_run_from_rank_0(run_nys, tmp_path):
+    # Loss curves differ from one process (each rank draws its own MLM masks and averages
+    # over its own masked tokens); the exact 2-rank equivalence is tested on lra.
+    write_corpus(tmp_path / "corpus", n_docs=40)
+    args = tiny(tmp_path / "corpus", tmp_path / "cache")
+    done = run_nys(
+        "pretrain", *args, "--steps", "4", "--batch-size", "4", "trainer.nproc_per_node=2"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = [p.parent for p in (tmp_path / "outputs" / "pretrain").rglob(".hydra")]
+    row = pd.read_csv(run / "results.csv")
+    assert len(row) == 1 and row.world_size.iloc[0] == 2 and row.steps.iloc[0] == 4
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert list(metrics[metrics.split == "train"].step) == [1, 2, 3, 4]  # one writer
+    assert (run / "pretrained" / "model.pt").exists()

@@ -48,6 +48,7 @@ from nyscli.train import (
     ShuffledBatches,
     Trainer,
     TrainerConfig,
+    distributed,
     load_checkpoint,
     peak_memory_mb,
     resolve_device,
@@ -113,7 +114,9 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
     try:
         MultiHeadAttention(
-            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention)
+            cfg.model.dim,
+            cfg.model.num_heads,
+            OmegaConf.to_container(cfg.attention, resolve=True),
         )
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from error
@@ -172,7 +175,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         cfg.resume, Path(OUTPUT_ROOT) / "pretrain", run_dir, _same_setup(cfg)
     )
     seed_everything(int(cfg.seed))
-    data = _load_data(cfg)
+    with distributed.main_first():  # one rank trains the tokenizer and fills the caches
+        data = _load_data(cfg)
     tokenizer = data.tokenizer
     log.info(
         "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
@@ -210,6 +214,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     )
     trainer = Trainer(model, pretraining_objective, settings, run_dir, device, METRICS, console)
     fit = trainer.fit(train, dev, resume_from)
+    if not distributed.is_main():
+        return pd.DataFrame()
     best = run_dir / CHECKPOINT_DIR / BEST
     pretrained = None
     if best.exists():
@@ -243,7 +249,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "mean_tokens": float(data.train.lengths.mean()) + 3,
         "vocab_size": tokenizer.vocab_size,
         "max_len": int(cfg.model.max_len),
-        "batch_size": settings.batch_size * settings.accumulate,
+        "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
+        "world_size": distributed.world_size(),
         "precision": settings.precision,
         "device": str(device),
         "threads": torch.get_num_threads(),
