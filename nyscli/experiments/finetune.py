@@ -27,8 +27,6 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention
-from nyscli.bridge import OUTPUT_ROOT
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
@@ -47,6 +45,7 @@ from nyscli.experiments.finetune_tasks import (
     num_classes,
     seeded_subset,
 )
+from nyscli.experiments.training import check_attention, check_device, start_run
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
@@ -58,10 +57,7 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
-    resolve_device,
-    seed_everything,
 )
-from nyscli.train.resume import find_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -103,23 +99,13 @@ def validate(cfg: DictConfig) -> None:
             _integer(cfg.task[key], f"task.{key}")
     if cfg.threads is not None:
         _integer(cfg.threads, "threads")
-    device = resolve_device(str(cfg.device))
-    trainer = trainer_config(cfg)
-    if trainer.precision == "fp16" and device.type != "cuda":
-        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+    check_device(cfg, trainer_config(cfg))
     if str(cfg.init) != SCRATCH:
         pretrained_folder(str(cfg.init), "init")
     elif cfg.scratch.like:
         pretrained_folder(str(cfg.scratch.like), "scratch.like")
     else:
-        try:
-            MultiHeadAttention(
-                cfg.model.dim,
-                cfg.model.num_heads,
-                OmegaConf.to_container(cfg.attention, resolve=True),
-            )
-        except AttentionConfigError as error:
-            raise UserInputError(str(error)) from error
+        check_attention(cfg)
 
 
 def _same_setup(cfg: DictConfig):
@@ -164,14 +150,8 @@ def init_label(source: str) -> str:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    device = resolve_device(str(cfg.device))
     task = str(cfg.task.name)
-    resume_from = find_resume_checkpoint(
-        cfg.resume, Path(OUTPUT_ROOT) / "finetune", run_dir, _same_setup(cfg)
-    )
-    seed_everything(int(cfg.seed))
+    device, resume_from = start_run(cfg, "finetune", run_dir, _same_setup(cfg))
     start: StartingPoint = starting_point(cfg)
     if start.source != SCRATCH:
         log.info("init=%s: architecture and attention from its config.json", start.source)

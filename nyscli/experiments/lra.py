@@ -20,8 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention
-from nyscli.bridge import OUTPUT_ROOT
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.lra_tasks import (
@@ -30,6 +28,7 @@ from nyscli.experiments.lra_tasks import (
     classification_objective,
     load_task,
 )
+from nyscli.experiments.training import check_attention, check_device, start_run
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
 from nyscli.train import (
@@ -40,10 +39,7 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
-    resolve_device,
-    seed_everything,
 )
-from nyscli.train.resume import find_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +69,8 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
         raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
-    device = resolve_device(str(cfg.device))
-    trainer = trainer_config(cfg)
-    if trainer.precision == "fp16" and device.type != "cuda":
-        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
-    try:
-        MultiHeadAttention(
-            cfg.model.dim, cfg.model.num_heads, OmegaConf.to_container(cfg.attention, resolve=True)
-        )
-    except AttentionConfigError as error:
-        raise UserInputError(str(error)) from error
+    check_device(cfg, trainer_config(cfg))
+    check_attention(cfg)
 
 
 def attention_label(cfg: DictConfig) -> str:
@@ -107,14 +95,8 @@ def _same_setup(cfg: DictConfig):
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    device = resolve_device(str(cfg.device))
     settings = trainer_config(cfg)
-    resume_from = find_resume_checkpoint(
-        cfg.resume, Path(OUTPUT_ROOT) / "lra", run_dir, _same_setup(cfg)
-    )
-    seed_everything(int(cfg.seed))
+    device, resume_from = start_run(cfg, "lra", run_dir, _same_setup(cfg))
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache)
     log.info(

@@ -24,8 +24,6 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention
-from nyscli.bridge import OUTPUT_ROOT
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
@@ -38,6 +36,7 @@ from nyscli.experiments.pretrain_objectives import (
     most_frequent_token_accuracy,
     pretraining_objective,
 )
+from nyscli.experiments.training import check_attention, check_device, start_run
 from nyscli.models.bert import BertConfig, BertForPretraining
 from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
@@ -51,10 +50,7 @@ from nyscli.train import (
     distributed,
     load_checkpoint,
     peak_memory_mb,
-    resolve_device,
-    seed_everything,
 )
-from nyscli.train.resume import find_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +105,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"tokenizer.kind={cfg.tokenizer.get('kind')} is not allowed; choose one of: {allowed}"
         )
-    device = resolve_device(str(cfg.device))
-    if trainer_config(cfg).precision == "fp16" and device.type != "cuda":
-        raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
-    try:
-        MultiHeadAttention(
-            cfg.model.dim,
-            cfg.model.num_heads,
-            OmegaConf.to_container(cfg.attention, resolve=True),
-        )
-    except AttentionConfigError as error:
-        raise UserInputError(str(error)) from error
+    check_device(cfg, trainer_config(cfg))
+    check_attention(cfg)
 
 
 def _setup(cfg: DictConfig) -> dict[str, Any]:
@@ -167,14 +154,8 @@ def _most_frequent_token(data: PretrainingData) -> int:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    device = resolve_device(str(cfg.device))
     settings = trainer_config(cfg)
-    resume_from = find_resume_checkpoint(
-        cfg.resume, Path(OUTPUT_ROOT) / "pretrain", run_dir, _same_setup(cfg)
-    )
-    seed_everything(int(cfg.seed))
+    device, resume_from = start_run(cfg, "pretrain", run_dir, _same_setup(cfg))
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg)
     tokenizer = data.tokenizer
