@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -45,10 +44,11 @@ from nyscli.experiments.finetune_tasks import (
     num_classes,
     seeded_subset,
 )
-from nyscli.experiments.training import check_attention, check_device, start_run
+from nyscli.experiments.training import check_attention, check_device, run_context, start_run
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
+from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,
@@ -223,7 +223,6 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
         "batch_size": per_update,
-        "world_size": distributed.world_size(),
         "lr": settings.lr,
         "positions_extended_from": start.extended_from,
         "init_path": (
@@ -231,20 +230,12 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             if start.source == SCRATCH
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
-        "precision": settings.precision,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "seed": int(cfg.seed),
-        "resumed_from": str(resume_from) if resume_from else None,
+        **run_context(cfg, settings, device, resume_from),
     }
     return pd.DataFrame([row])
 
 
 # --------------------------------------------------------------------------- rendering
-
-
-def _pct(value: Any) -> str:
-    return "" if value is None or pd.isna(value) else f"{100 * value:.2f}"
 
 
 def _column(r: Any) -> str:
@@ -261,19 +252,18 @@ def _score(r: Any) -> float:
 
 def _cell(r: Any) -> str:
     if r.task == "mnli":
-        return f"{_pct(r.dev_accuracy)}/{_pct(r.dev_mm_accuracy)}"
-    return _pct(_score(r))
+        return f"{pct(r.dev_accuracy)}/{pct(r.dev_mm_accuracy)}"
+    return pct(_score(r))
 
 
 def _runs_table(df: pd.DataFrame) -> Table:
-    table = Table(title="Fine-tuning runs", title_justify="left")
     columns = [
         ("task", lambda r: _column(r)),
         ("init", lambda r: str(r.init)),
         ("attention", lambda r: str(r.attention)),
-        ("dev acc %", lambda r: _pct(r.dev_accuracy)),
-        ("dev F1 / mm %", lambda r: _pct(r.dev_f1) or _pct(r.dev_mm_accuracy)),
-        ("test acc %", lambda r: _pct(r.test_accuracy)),
+        ("dev acc %", lambda r: pct(r.dev_accuracy)),
+        ("dev F1 / mm %", lambda r: pct(r.dev_f1) or pct(r.dev_mm_accuracy)),
+        ("test acc %", lambda r: pct(r.test_accuracy)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("epochs", lambda r: f"{r.epochs:.2f}"),
         ("batch", lambda r: str(r.batch_size)),
@@ -282,12 +272,7 @@ def _runs_table(df: pd.DataFrame) -> Table:
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    for name, _ in columns:
-        left = name in ("task", "init", "attention")
-        table.add_column(name, justify="left" if left else "right", no_wrap=left)
-    for r in df.itertuples():
-        table.add_row(*(f(r) for _, f in columns))
-    return table
+    return rows_table("Fine-tuning runs", df, columns, {"task", "init", "attention"})
 
 
 def table2(df: pd.DataFrame) -> Table:

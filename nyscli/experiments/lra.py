@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -28,9 +27,10 @@ from nyscli.experiments.lra_tasks import (
     classification_objective,
     load_task,
 )
-from nyscli.experiments.training import check_attention, check_device, start_run
+from nyscli.experiments.training import check_attention, check_device, run_context, start_run
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
+from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,
@@ -151,12 +151,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "test_examples": min(len(data.test), cfg.task.test_examples or len(data.test)),
         "max_len": int(cfg.task.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
-        "world_size": distributed.world_size(),
-        "precision": settings.precision,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "seed": int(cfg.seed),
-        "resumed_from": str(resume_from) if resume_from else None,
+        **run_context(cfg, settings, device, resume_from),
     }
     return pd.DataFrame([row])
 
@@ -164,28 +159,18 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 # --------------------------------------------------------------------------- rendering
 
 
-def _pct(value: float) -> str:
-    return "" if pd.isna(value) else f"{100 * value:.2f}"
-
-
 def _runs_table(df: pd.DataFrame) -> Table:
-    table = Table(title="LRA runs", title_justify="left")
     columns = [
-        ("task", str),
-        ("attention", str),
-        ("test %", lambda r: _pct(r.test_accuracy)),
-        ("dev %", lambda r: _pct(r.best_dev_accuracy)),
+        ("task", lambda r: str(r.task)),
+        ("attention", lambda r: str(r.attention)),
+        ("test %", lambda r: pct(r.test_accuracy)),
+        ("dev %", lambda r: pct(r.best_dev_accuracy)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    for name, _ in columns:
-        left = name in ("task", "attention")
-        table.add_column(name, justify="left" if left else "right", no_wrap=left)
-    for r in df.itertuples():
-        table.add_row(*(str(getattr(r, n)) if f is str else f(r) for n, f in columns))
-    return table
+    return rows_table("LRA runs", df, columns, {"task", "attention"})
 
 
 def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: str) -> Table:

@@ -18,11 +18,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, RenderableType
-from rich.table import Table
 
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
@@ -36,10 +34,11 @@ from nyscli.experiments.pretrain_objectives import (
     most_frequent_token_accuracy,
     pretraining_objective,
 )
-from nyscli.experiments.training import check_attention, check_device, start_run
+from nyscli.experiments.training import check_attention, check_device, run_context, start_run
 from nyscli.models.bert import BertConfig, BertForPretraining
 from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
+from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,
@@ -231,13 +230,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "vocab_size": tokenizer.vocab_size,
         "max_len": int(cfg.model.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
-        "world_size": distributed.world_size(),
-        "precision": settings.precision,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "seed": int(cfg.seed),
         "pretrained": str(pretrained) if pretrained else None,
-        "resumed_from": str(resume_from) if resume_from else None,
+        **run_context(cfg, settings, device, resume_from),
     }
     return pd.DataFrame([row])
 
@@ -263,27 +257,18 @@ def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, baseline: 
 # --------------------------------------------------------------------------- rendering
 
 
-def _pct(value: float) -> str:
-    return "" if pd.isna(value) else f"{100 * value:.2f}"
-
-
 def render(df: pd.DataFrame) -> RenderableType:
-    table = Table(title="Pre-training runs (validation accuracy %)", title_justify="left")
     columns = [
         ("model", lambda r: str(r.model)),
         ("attention", lambda r: str(r.attention)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
-        ("MLM best", lambda r: _pct(r.best_val_mlm_accuracy)),
-        ("MLM final", lambda r: _pct(r.final_val_mlm_accuracy)),
-        ("SOP final", lambda r: _pct(r.final_val_sop_accuracy)),
-        ("MLM baseline", lambda r: _pct(r.most_frequent_token_accuracy)),
+        ("MLM best", lambda r: pct(r.best_val_mlm_accuracy)),
+        ("MLM final", lambda r: pct(r.final_val_mlm_accuracy)),
+        ("SOP final", lambda r: pct(r.final_val_sop_accuracy)),
+        ("MLM baseline", lambda r: pct(r.most_frequent_token_accuracy)),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    for name, _ in columns:
-        left = name in ("model", "attention")
-        table.add_column(name, justify="left" if left else "right", no_wrap=left)
-    for r in df.itertuples():
-        table.add_row(*(f(r) for _, f in columns))
-    return table
+    title = "Pre-training runs (validation accuracy %)"
+    return rows_table(title, df, columns, {"model", "attention"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -11,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from nyscli.attention import AttentionConfigError, MultiHeadAttention
 from nyscli.bridge import OUTPUT_ROOT
 from nyscli.errors import UserInputError
-from nyscli.train import TrainerConfig, resolve_device, seed_everything
+from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
 from nyscli.train.resume import find_resume_checkpoint
 
 
@@ -50,3 +51,17 @@ def start_run(
     )
     seed_everything(int(cfg.seed))
     return device, resume_from
+
+
+def run_context(
+    cfg: DictConfig, trainer: TrainerConfig, device: torch.device, resume_from: Path | None
+) -> dict[str, Any]:
+    """The results-row fields that say how a training run ran (ranks, precision, device...)."""
+    return {
+        "world_size": distributed.world_size(),
+        "precision": trainer.precision,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "seed": int(cfg.seed),
+        "resumed_from": str(resume_from) if resume_from else None,
+    }

@@ -1,0 +1,27 @@
+"""Rich tables of result rows: one formatter per column, text columns left, numbers right."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+from rich.table import Table
+
+Column = tuple[str, Callable[[Any], str]]  # (header, row -> cell text)
+
+
+def pct(value: Any) -> str:
+    """A fraction as a percentage with two decimals; empty for a missing value."""
+    return "" if value is None or pd.isna(value) else f"{100 * value:.2f}"
+
+
+def rows_table(title: str, df: pd.DataFrame, columns: Sequence[Column], text: set[str]) -> Table:
+    """One table row per DataFrame row; headers in ``text`` are left-aligned and never wrap."""
+    table = Table(title=title, title_justify="left")
+    for name, _ in columns:
+        left = name in text
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    for r in df.itertuples():
+        table.add_row(*(cell(r) for _, cell in columns))
+    return table
