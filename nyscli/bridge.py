@@ -39,7 +39,8 @@ from nyscli.train import distributed
 
 log = logging.getLogger("nys")
 
-CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+# The configs ship inside the package (nyscli/conf), so a wheel works from any directory.
+CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 OUTPUT_ROOT = "outputs"
 USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
