@@ -36,6 +36,7 @@ from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
 from nyscli.report.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.train import distributed
+from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
@@ -126,6 +127,19 @@ def config_multirun(command: str, overrides: list[str]) -> bool:
     return cfg.hydra.mode == RunMode.MULTIRUN
 
 
+def preflight(command: str, overrides: list[str]) -> str | None:
+    """A line saying there is nothing to run (the command's ``preflight``, e.g. ``resume=``
+    names a finished run), or None; checked before a run folder exists."""
+    check = getattr(experiment_module(command), "preflight", None)
+    if check is None:
+        return None
+    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    with hydra.initialize_config_dir(
+        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
+    ):
+        return check(hydra.compose(config_name=command, overrides=task_overrides))
+
+
 def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
     """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one."""
     task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
@@ -209,6 +223,7 @@ def launch(command: str, arguments: list[str]) -> int:
         try:
             multirun = multirun or config_multirun(command, list(args.overrides))
             validate_jobs(command, list(args.overrides), multirun)
+            done = None if multirun else preflight(command, list(args.overrides))
             key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
             given = _overrides_key(args.overrides, key)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
@@ -217,6 +232,9 @@ def launch(command: str, arguments: list[str]) -> int:
             message = missing_launcher(error, args.overrides) or one_line(error)
             console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
             return 2
+        if done:
+            console.print(done, highlight=False, soft_wrap=True)
+            return 0
         if not given:
             root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
             name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -231,7 +249,7 @@ def launch(command: str, arguments: list[str]) -> int:
             config_path=str(CONF_DIR),
             config_name=command,
         )
-    except Abort as abort:
+    except (Abort, TrainingInterrupted) as abort:
         console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
         return abort.code
     except SystemExit:

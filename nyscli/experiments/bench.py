@@ -25,6 +25,7 @@ from rich.text import Text
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench_worker import DTYPES, RESULT_PREFIX
+from nyscli.report.paper import table1_rows
 from nyscli.report.plots import loglog_panels
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,8 @@ def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> T
             else:
                 cells.append(_fmt(getattr(point, column)))
         table.add_row(str(row), *cells)
+    for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
+        table.add_row(name, *paper_cells, style="dim")
     return table
 
 

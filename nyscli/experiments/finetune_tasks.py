@@ -19,6 +19,7 @@ from torch import nn
 
 from nyscli.data.common import DataError, seeded_permutation
 from nyscli.data.glue import GLUE_TASKS, HF_PREFIXES, TextExamples, read_glue
+from nyscli.data.subsets import subset_indices
 from nyscli.errors import UserInputError
 from nyscli.train import BatchResult
 
@@ -41,14 +42,15 @@ def metric_names(task: str) -> tuple[str, ...]:
     return ("accuracy", "f1") if task in F1_TASKS else ("accuracy",)
 
 
-def seeded_subset(examples: TextExamples, size: int | None, seed: int) -> TextExamples:
-    """``size`` examples drawn without replacement (seeded), or all of them if size is None.
+def seeded_subset(examples: TextExamples, size: int | None) -> TextExamples:
+    """``size`` examples by the shared evaluation sample (seeded, stratified by label:
+    :func:`~nyscli.data.subsets.subset_indices`), or all of them if size is None.
 
     Drawn, not the first ``size``: IMDB files list all positive reviews before the negative.
     """
     if size is None or size >= len(examples):
         return examples
-    return examples.subset(np.sort(seeded_permutation(len(examples), seed)[:size]))
+    return examples.subset(subset_indices(len(examples), size, examples.labels))
 
 
 def _imdb(source: str, dev_examples: int, seed: int) -> dict[str, TextExamples]:

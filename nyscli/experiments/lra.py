@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.lra_tasks import (
@@ -27,10 +28,20 @@ from nyscli.experiments.lra_tasks import (
     classification_objective,
     load_task,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    baseline_fields,
+    check_attention,
+    check_device,
+    class_balance,
+    fit_schedule,
+    preflight,
+    run_context,
+    start_run,
+)
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
-from nyscli.report.tables import pct, rows_table
+from nyscli.report.paper import TABLE3
+from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,
@@ -44,8 +55,7 @@ from nyscli.train import (
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "learning_curve.png"
-PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 41.58,
-                 "pathfinder": 70.94}  # fmt: skip
+__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -77,26 +87,10 @@ def attention_label(cfg: DictConfig) -> str:
     return row_label(OmegaConf.to_container(cfg.attention, resolve=True))
 
 
-def _same_setup(cfg: DictConfig):
-    """Predicate on an earlier run's config: same command, task, model and attention."""
-    keys = ("task", "model", "attention")
-    mine = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in keys}
-
-    def matches(other: DictConfig) -> bool:
-        if other.get("command") != "lra":
-            return False
-        try:
-            return all(OmegaConf.to_container(other[k], resolve=True) == mine[k] for k in keys)
-        except Exception:  # an old config that no longer resolves is simply not a match
-            return False
-
-    return matches
-
-
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = trainer_config(cfg)
-    device, resume_from = start_run(cfg, "lra", run_dir, _same_setup(cfg))
+    settings = fit_schedule(trainer_config(cfg))
+    device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache)
     log.info(
@@ -122,12 +116,15 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         data.train, settings.batch_size, data.collate, int(cfg.seed), lengths, settings.bucket
     )
     eval_size = settings.eval_batch_size or settings.batch_size
-    dev = eval_batches(data.val, eval_size, data.collate, settings.eval_examples)
-    fit = trainer.fit(train, dev, resume_from)
+    dev_set = evaluation_subset(data.val, settings.eval_examples)
+    test_set = evaluation_subset(data.test, cfg.task.test_examples)
+    class_balance("dev set", dataset_labels(dev_set), data.num_classes)
+    test_balance = class_balance("test set", dataset_labels(test_set), data.num_classes)
+    dev = eval_batches(dev_set, eval_size, data.collate)
+    fit = trainer.fit(train, dev, plan.checkpoint)
     test = {"accuracy": math.nan, "loss": math.nan}
     if fit.completed:
-        test_set = eval_batches(data.test, eval_size, data.collate, cfg.task.test_examples)
-        test = trainer.test(test_set)
+        test = trainer.test(eval_batches(test_set, eval_size, data.collate))
         log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
@@ -148,10 +145,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "train_s": fit.train_seconds,
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
-        "test_examples": min(len(data.test), cfg.task.test_examples or len(data.test)),
+        **baseline_fields(test_balance, test["accuracy"], "test"),
+        "test_examples": len(test_set),
         "max_len": int(cfg.task.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
-        **run_context(cfg, settings, device, resume_from),
+        **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
 
@@ -165,6 +163,7 @@ def _runs_table(df: pd.DataFrame) -> Table:
         ("attention", lambda r: str(r.attention)),
         ("test %", lambda r: pct(r.test_accuracy)),
         ("dev %", lambda r: pct(r.best_dev_accuracy)),
+        *BASELINE_COLUMNS,
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
@@ -173,10 +172,27 @@ def _runs_table(df: pd.DataFrame) -> Table:
     return rows_table("LRA runs", df, columns, {"task", "attention"})
 
 
-def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: str) -> Table:
-    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average."""
+def _flagged(df: pd.DataFrame) -> set[tuple[str, str]]:
+    """(attention, task) cells with a flagged run (single-class set, accuracy = majority)."""
+    if "flag" not in df:
+        return set()
+    rows = df[df["flag"].fillna("").astype(str) != ""]
+    return {(str(r.attention), str(r.task)) for r in rows.itertuples()}
+
+
+def _pivot_table(
+    df: pd.DataFrame,
+    column: str,
+    title: str,
+    scale: float,
+    fmt: str,
+    reference: dict[str, dict[str, float]] | None = None,
+) -> Table:
+    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average;
+    ``!`` marks a flagged cell; ``reference`` rows (the paper's, in %) are shown dimmed."""
     tasks = [t for t in TASKS if t in set(df.task)]
     pivot = df.pivot_table(index="attention", columns="task", values=column, aggfunc="mean")
+    flagged = _flagged(df) if reference is not None else set()
     table = Table(title=title, title_justify="left")
     table.add_column("attention", style="bold")
     for task in tasks:
@@ -186,25 +202,35 @@ def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: s
         cells = [values.get(t) for t in tasks]
         present = [v for v in cells if pd.notna(v)]
         avg = sum(present) / len(present) if present else math.nan
-        shown = [("" if pd.isna(v) else format(scale * v, fmt)) for v in cells]
+        shown = [
+            ("" if pd.isna(v) else format(scale * v, fmt))
+            + ("[red]![/]" if (str(attention), t) in flagged else "")
+            for v, t in zip(cells, tasks, strict=True)
+        ]
         note = "" if len(present) == len(tasks) else "*"
         table.add_row(
             str(attention), *shown, ("" if pd.isna(avg) else format(scale * avg, fmt)) + note
         )
+    for name, values in (reference or {}).items():
+        cells = [format(values[t], fmt) if t in values else "" for t in (*tasks, "avg")]
+        table.add_row(name, *cells, style="dim")
     return table
 
 
 def render(df: pd.DataFrame) -> RenderableType:
-    """One table of runs; with more than one run also the Table-3 layout (accuracy, tokens/s)."""
+    """One table of runs; with more than one run also the Table-3 layout (accuracy, with the
+    paper's rows; its avg is over all five tasks) and tokens/s."""
     parts: list[RenderableType] = [_runs_table(df)]
     if len(df) > 1:
         parts.append(
             _pivot_table(
                 df,
                 "test_accuracy",
-                "Test accuracy (%) — Table 3 layout; * = average over the tasks present",
+                "Test accuracy (%) — Table 3 layout; * = average over the tasks present; "
+                "! = flagged (see the runs table)",
                 100.0,
                 ".2f",
+                TABLE3,
             )
         )
         parts.append(_pivot_table(df, "tokens_per_s", "Training tokens/s", 1.0, ",.0f"))

@@ -25,6 +25,7 @@ from rich.console import Console, RenderableType
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
+from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.pretrain_objectives import (
@@ -34,7 +35,14 @@ from nyscli.experiments.pretrain_objectives import (
     most_frequent_token_accuracy,
     pretraining_objective,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    check_attention,
+    check_device,
+    fit_schedule,
+    preflight,
+    run_context,
+    start_run,
+)
 from nyscli.models.bert import BertConfig, BertForPretraining
 from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
@@ -55,7 +63,7 @@ log = logging.getLogger(__name__)
 
 CURVE_FILE = "pretraining_curves.png"
 MODEL_KEYS = ("dim", "depth", "num_heads", "ffn_dim", "max_len")
-SETUP_KEYS = ("data", "tokenizer", "model", "attention", "mlm_probability")
+__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -108,27 +116,6 @@ def validate(cfg: DictConfig) -> None:
     check_attention(cfg)
 
 
-def _setup(cfg: DictConfig) -> dict[str, Any]:
-    """What a resumed run must share with the interrupted one, as plain values."""
-    node = OmegaConf.masked_copy(cfg, list(SETUP_KEYS))
-    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-
-
-def _same_setup(cfg: DictConfig):
-    """Predicate on an earlier run's config: same command, corpus, tokenizer, model, attention."""
-    mine = _setup(cfg)
-
-    def matches(other: DictConfig) -> bool:
-        if other.get("command") != "pretrain":
-            return False
-        try:
-            return _setup(other) == mine
-        except Exception:  # an old config that no longer resolves is simply not a match
-            return False
-
-    return matches
-
-
 def model_name() -> str:
     """The ``model`` config group option of this run (e.g. bert_mini)."""
     try:
@@ -153,8 +140,8 @@ def _most_frequent_token(data: PretrainingData) -> int:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = trainer_config(cfg)
-    device, resume_from = start_run(cfg, "pretrain", run_dir, _same_setup(cfg))
+    settings = fit_schedule(trainer_config(cfg))
+    device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg)
     tokenizer = data.tokenizer
@@ -182,7 +169,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         data.val,
         settings.eval_batch_size or settings.batch_size,
         collate,
-        int(cfg.seed) + 1,
+        SUBSET_SEED,  # the same masks and swaps for every run, whatever its seed
         settings.eval_examples,
     )
     common = _most_frequent_token(data)
@@ -193,7 +180,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         baseline,
     )
     trainer = Trainer(model, pretraining_objective, settings, run_dir, device, METRICS, console)
-    fit = trainer.fit(train, dev, resume_from)
+    fit = trainer.fit(train, dev, plan.checkpoint)
     if not distributed.is_main():
         return pd.DataFrame()
     best = run_dir / CHECKPOINT_DIR / BEST
@@ -231,7 +218,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "max_len": int(cfg.model.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
-        **run_context(cfg, settings, device, resume_from),
+        **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
 
