@@ -12,10 +12,14 @@ from tests.test_lra import TINY, run_folders
 
 
 def test_setup_changes_ignore_only_how_to_run():
-    old = OmegaConf.create({"seed": 0, "threads": 1, "resume": False, "trainer": {"lr": 1e-4,
-                            "progress": True, "max_steps": "${task.steps}"}, "task": {"steps": 4}})  # fmt: skip
-    new = OmegaConf.create({"seed": 3, "threads": 2, "resume": "x", "trainer": {"lr": 5e-4,
-                            "progress": False, "max_steps": 4}, "task": {"steps": 4}})  # fmt: skip
+    old = OmegaConf.create(
+        {"seed": 0, "threads": 1, "resume": False, "task": {"steps": 4},
+         "trainer": {"lr": 1e-4, "progress": True, "max_steps": "${task.steps}"}}
+    )  # fmt: skip
+    new = OmegaConf.create(
+        {"seed": 3, "threads": 2, "resume": "x", "task": {"steps": 4},
+         "trainer": {"lr": 5e-4, "progress": False, "max_steps": 4}}
+    )  # fmt: skip
     assert setup_changes(old, new) == [Change("seed", 0, 3), Change("trainer.lr", 1e-4, 5e-4)]
 
 
