@@ -159,7 +159,10 @@ def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = Non
     run = checkpoint.parent.parent
     saved = _saved_config(run)
     if saved is None:
-        raise CheckpointError(f"resume={resume}: {run}/.hydra/config.yaml is missing")
+        raise CheckpointError(
+            f"resume={resume}: {run}/.hydra/config.yaml is missing, so the settings it ran "
+            "with are unknown; give a run folder that nys wrote"
+        )
     try:
         changes = setup_changes(saved, cfg)
     except Exception as error:  # an old config that no longer resolves
