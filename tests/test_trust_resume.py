@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from nyscli.train import ShuffledBatches
 from nyscli.train.resume import Change, setup_changes
 from tests.test_lra import TINY, run_folders
 
@@ -80,3 +81,14 @@ def test_resume_true_continues_the_identical_run_then_has_nothing_to_do(
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert f"{resumed.name} already finished" in finished.stdout.replace("\n", "")
     assert len(run_folders(tmp_path / "outputs" / "lra")) == 2
+
+
+def test_a_changed_seed_draws_the_remaining_batches_from_its_own_stream():
+    old = ShuffledBatches(list(range(40)), 4, list, seed=0)
+    old.position = 3
+    new = ShuffledBatches(list(range(40)), 4, list, seed=3)
+    new.load_state_dict(old.state_dict())
+    assert (new.seed, new.position) == (3, 3)
+    first = next(iter(new))
+    assert first == ShuffledBatches(list(range(40)), 4, list, seed=3).epoch_batches(0)[3].tolist()
+    assert first != old.epoch_batches(0)[3].tolist()
