@@ -12,6 +12,7 @@ from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceC
 from nyscli.data.subsets import ClassBalance, evaluation_subset, subset_indices
 from nyscli.experiments import bench, finetune, lra
 from nyscli.experiments.pretrain_objectives import frozen_batches
+from nyscli.experiments.training import baseline_fields
 from nyscli.train import TrainerConfig, eval_batches
 from tests.test_lra import TINY, run_folders
 
@@ -145,3 +146,15 @@ def test_tables_show_trivial_rates_flags_and_the_papers_rows():
     )  # fmt: skip
     text = render_text(finetune.render(tuned))
     assert "majority %" in text and "50.90" in text and "= majority" in text
+
+
+def test_results_row_flags_a_majority_result_and_a_single_class_dev_set(caplog):
+    test = ClassBalance.of(np.array([0, 0, 0, 1]), num_classes=2)
+    dev = ClassBalance.of(np.array([1, 1]), num_classes=2)
+    assert baseline_fields(test, 0.5, "test") == {
+        "majority_rate": 0.75, "chance_rate": 0.5, "flag": None
+    }  # fmt: skip
+    with caplog.at_level("WARNING"):
+        fields = baseline_fields(test, 0.75, "test", dev)
+    assert fields["flag"] == "= majority, dev single class"
+    assert "test accuracy 0.7500 is flagged: = majority, dev single class" in caplog.text

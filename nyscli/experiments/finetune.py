@@ -176,7 +176,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(encoded[devs[0]], eval_size, collate, settings.eval_examples)
-    class_balance("dev subset", dataset_labels(dev.dataset), num_classes(task))
+    dev_balance = class_balance("dev subset", dataset_labels(dev.dataset), num_classes(task))
     reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
     balance = class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
     fit = trainer.fit(train, dev, plan.checkpoint)
@@ -228,7 +228,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             if start.source == SCRATCH
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
-        **baseline_fields(balance, score, reported),
+        **baseline_fields(balance, score, reported, dev_balance),
         **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])

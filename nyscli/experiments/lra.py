@@ -118,7 +118,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     eval_size = settings.eval_batch_size or settings.batch_size
     dev_set = evaluation_subset(data.val, settings.eval_examples)
     test_set = evaluation_subset(data.test, cfg.task.test_examples)
-    class_balance("dev set", dataset_labels(dev_set), data.num_classes)
+    dev_balance = class_balance("dev set", dataset_labels(dev_set), data.num_classes)
     test_balance = class_balance("test set", dataset_labels(test_set), data.num_classes)
     dev = eval_batches(dev_set, eval_size, data.collate)
     fit = trainer.fit(train, dev, plan.checkpoint)
@@ -145,7 +145,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "train_s": fit.train_seconds,
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
-        **baseline_fields(test_balance, test["accuracy"], "test"),
+        **baseline_fields(test_balance, test["accuracy"], "test", dev_balance),
         "test_examples": len(test_set),
         "max_len": int(cfg.task.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update

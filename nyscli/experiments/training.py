@@ -112,23 +112,20 @@ def class_balance(name: str, labels: np.ndarray | None, num_classes: int) -> Cla
     return balance
 
 
-def baseline_fields(balance: ClassBalance | None, accuracy: float, name: str) -> dict[str, Any]:
-    """majority_rate, chance_rate and flag of a result on a set, for the results row; a flag
-    is logged as a warning."""
-    if balance is None:
-        return {"majority_rate": None, "chance_rate": None, "flag": None}
-    flag = balance.flag(accuracy)
+def baseline_fields(
+    balance: ClassBalance | None, accuracy: float, name: str, dev: ClassBalance | None = None
+) -> dict[str, Any]:
+    """majority_rate, chance_rate and flag of a result on a set, for the results row; the flag
+    (also a single-class ``dev`` set, which picked the best checkpoint) is logged as a warning."""
+    flags = [balance.flag(accuracy)] if balance is not None else []
+    if dev is not None and dev.classes_present <= 1:
+        flags.append("dev single class")
+    flag = ", ".join(f for f in flags if f)
     if flag:
-        log.warning(
-            "%s accuracy %.4f is flagged: %s (majority class %.4f)",
-            name,
-            accuracy,
-            flag,
-            balance.majority_rate,
-        )
+        log.warning("%s accuracy %.4f is flagged: %s", name, accuracy, flag)
     return {
-        "majority_rate": balance.majority_rate,
-        "chance_rate": balance.chance_rate,
+        "majority_rate": None if balance is None else balance.majority_rate,
+        "chance_rate": None if balance is None else balance.chance_rate,
         "flag": flag or None,
     }
 
