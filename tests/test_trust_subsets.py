@@ -12,7 +12,7 @@ from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceC
 from nyscli.data.subsets import ClassBalance, evaluation_subset, subset_indices
 from nyscli.experiments import bench, finetune, lra
 from nyscli.experiments.pretrain_objectives import frozen_batches
-from nyscli.experiments.training import baseline_fields
+from nyscli.experiments.training import baseline_fields, fit_schedule
 from nyscli.train import TrainerConfig, eval_batches
 from tests.test_lra import TINY, run_folders
 
@@ -158,3 +158,13 @@ def test_results_row_flags_a_majority_result_and_a_single_class_dev_set(caplog):
         fields = baseline_fields(test, 0.75, "test", dev)
     assert fields["flag"] == "= majority, dev single class"
     assert "test accuracy 0.7500 is flagged: = majority, dev single class" in caplog.text
+
+
+def test_schedule_values_given_on_the_command_line_are_kept(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- task.warmup_steps=300\n- seed=1\n")
+    text = TrainerConfig(
+        max_steps=100, batch_size=32, planned_steps=20000, warmup_steps=300, eval_every=1000
+    )
+    kept = fit_schedule(text, tmp_path)
+    assert (kept.warmup_steps, kept.eval_every) == (300, 5)

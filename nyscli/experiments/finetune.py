@@ -169,7 +169,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         trainer_config(cfg, steps), warmup_steps=warmup, planned_steps=planned
     )
     # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
-    settings = fit_schedule(settings, () if cfg.warmup_ratio is None else ("warmup_steps",))
+    settings = fit_schedule(
+        settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",)
+    )
     metrics = metric_names(task)
     objective = ClassificationObjective(f1="f1" in metrics)
     trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)

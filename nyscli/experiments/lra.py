@@ -89,7 +89,7 @@ def attention_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = fit_schedule(trainer_config(cfg))
+    settings = fit_schedule(trainer_config(cfg), run_dir)
     device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache)

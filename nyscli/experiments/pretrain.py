@@ -140,7 +140,7 @@ def _most_frequent_token(data: PretrainingData) -> int:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = fit_schedule(trainer_config(cfg))
+    settings = fit_schedule(trainer_config(cfg), run_dir)
     device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg)

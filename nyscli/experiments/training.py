@@ -76,19 +76,30 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
     return device, plan
 
 
-def _explicit_keys() -> set[str]:
-    """The schedule fields the command line set explicitly (kept as given by fit_budget)."""
-    if not HydraConfig.initialized():
+def _explicit_keys(run_dir: Path) -> set[str]:
+    """The schedule fields the command line set explicitly (kept as given by fit_budget).
+
+    Read from the run's ``.hydra/overrides.yaml``: the ranks of a multi-process job have no
+    Hydra context of their own, but all see the run folder.
+    """
+    recorded = run_dir / ".hydra" / "overrides.yaml"
+    if recorded.is_file():
+        overrides = [str(o) for o in OmegaConf.load(recorded)]
+    elif HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    else:
         return set()
-    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     return {field for field, keys in SCHEDULE_KEYS.items() if given & set(keys)}
 
 
-def fit_schedule(settings: TrainerConfig, fixed: tuple[str, ...] = ()) -> TrainerConfig:
+def fit_schedule(
+    settings: TrainerConfig, run_dir: Path, fixed: tuple[str, ...] = ()
+) -> TrainerConfig:
     """``settings`` with warm-up and eval interval scaled to a ``--steps`` cap below them (see
     :meth:`TrainerConfig.fit_budget`), said in one log line; ``fixed`` fields are kept, as are
     those the command line set."""
-    settings, note = settings.fit_budget(_explicit_keys() | set(fixed))
+    settings, note = settings.fit_budget(_explicit_keys(Path(run_dir)) | set(fixed))
     if note:
         log.warning(note)
     elif settings.warmup_steps >= settings.max_steps:
