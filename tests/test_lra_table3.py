@@ -261,3 +261,38 @@ def test_table3_preset_runs_every_task_offline_and_writes_the_report(run_nys, tm
     pd.DataFrame(reviews, columns=["review", "sentiment"]).to_csv(csv, index=False)
     text = run_nys("lra", "task=text", f"task.data.path={csv}", *TINY)
     assert text.returncode == 0, text.stdout + text.stderr
+
+
+# ------------------------------------------------------------------ pathfinder generation
+
+
+def test_pathfinder_generation_counts_progress_and_threads_cap_the_workers(monkeypatch) -> None:
+    import contextlib
+
+    from nyscli.data import pathfinder as pf
+    from nyscli.experiments import lra_tasks
+
+    advanced: list[int] = []
+
+    @contextlib.contextmanager
+    def recording_bar(description: str, total: int):
+        assert "train" in description and total == 2 * pf.CHUNK + 2
+        yield advanced.append
+
+    monkeypatch.setattr(pf, "progress_bar", recording_bar)
+    def blank_chunk(job: tuple) -> dict[str, np.ndarray]:
+        n = job[3]
+        return {"labels": np.zeros(n, np.int64), "images": np.zeros((n, 1, 1)),
+                "endpoints": np.zeros((n, 2, 2))}  # fmt: skip
+
+    monkeypatch.setattr(pf, "_chunk_job", blank_chunk)
+    cfg = pf.PathfinderConfig(n_train=2 * pf.CHUNK + 2, n_val=0, n_test=0)
+    assert len(pf.generate_split(cfg, "train")["labels"]) == cfg.n_train
+    assert advanced == [pf.CHUNK, pf.CHUNK, 2]
+
+    seen = {}
+    monkeypatch.setattr(pf, "load_pathfinder", lambda *a, **kw: seen.update(kw))
+    lra_tasks._pathfinder(lra_cfg("task=pathfinder").task, None, 1)
+    assert seen["workers"] == 1  # threads=1: one generator process
+    lra_tasks._pathfinder(lra_cfg("task=pathfinder", "task.data.workers=3").task, None, 1)
+    assert seen["workers"] == 3

@@ -33,10 +33,12 @@ its label. Labels are balanced in every prefix up to one: samples 2j and 2j + 1 
 opposite labels in random order.
 
 Cost: about 2.5 / 3 / 4.5 ms of CPU per image for contour length 6 / 9 / 14 (measured on a
-shared 2-core machine), so the release-sized 200k hard images take ~15 CPU-minutes once;
-chunks of 1000 images are seeded independently (``default_rng([seed, split, chunk])``) and
-``workers`` processes generate them in parallel with identical results. Splits are cached
-as ``.npz``; a split of n images is a prefix of the same split with more.
+shared 2-core machine; 10.4 ms for 1000 hard images with the same 2 cores under a load of
+~9.5), so the release-sized 200k hard images take 15-35 CPU-minutes, i.e. 8-17 minutes with
+2 workers on 2 free cores, once (a progress bar counts them). Chunks of 1000 images are
+seeded independently (``default_rng([seed, split, chunk])``) and ``workers`` processes
+generate them in parallel with identical results. Splits are cached as ``.npz``; a split of
+n images is a prefix of the same split with more.
 
 Release layout (``lra_release/pathfinder32/``; read by the release's TFDS builder and by
 state-spaces/s4): ``<root>/<difficulty>/metadata/<n>.npy`` with ``<difficulty>`` one of
