@@ -25,6 +25,7 @@ from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
     TASKS,
+    check_source,
     classification_objective,
     load_task,
     trivial_baseline,
@@ -69,6 +70,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
         raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_source(cfg.task)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 

@@ -92,11 +92,20 @@ def _source(task: DictConfig, real: str, substitute: str) -> str:
     return source
 
 
+SOURCES = {"retrieval": ("aan", "wiki_topic_pairs"), "image": ("cifar10", "fashion_mnist")}
+
+
+def check_source(task: DictConfig) -> None:
+    """A bad ``task.data.source`` of retrieval or image as a one-line error (no data read)."""
+    if task.name in SOURCES:
+        _source(task, *SOURCES[task.name])
+
+
 def _retrieval(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
     from nyscli.data.retrieval import load_aan, load_wiki_topic_pairs
 
     data = task.data
-    if _source(task, "aan", "wiki_topic_pairs") == "wiki_topic_pairs":
+    if _source(task, *SOURCES["retrieval"]) == "wiki_topic_pairs":
         return load_wiki_topic_pairs(
             max_len=int(task.max_len),
             pairs_per_document=int(data.pairs_per_document),
@@ -114,7 +123,7 @@ def _image(task: DictConfig, cache_dir: Path | None, threads: int | None) -> Tas
     from nyscli.data.image import load_cifar10, load_fashion_mnist
 
     data = task.data
-    if _source(task, "cifar10", "fashion_mnist") == "cifar10":
+    if _source(task, *SOURCES["image"]) == "cifar10":
         if not data.path:
             raise UserInputError(
                 "task.data.source=cifar10 needs task.data.path=<cifar-10-batches-py>"
