@@ -305,3 +305,18 @@ def test_bad_data_source_is_one_line_and_leaves_no_run_folder(run_nys, tmp_path)
         "error: task.data.source=acl is not allowed; choose one of: auto, aan, wiki_topic_pairs"
     ]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_each_run_of_a_sweep_in_one_process_reports_its_own_cpu_peak() -> None:
+    import torch
+
+    from nyscli.train import peak_memory_mb, reset_peak_memory
+
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    block = np.ones(200 * 2**20, dtype=np.uint8)  # 200 MB, every page touched
+    high = peak_memory_mb(cpu)
+    del block
+    reset_peak_memory(cpu)
+    low = peak_memory_mb(cpu)
+    assert high - low > 150  # the earlier job's 200 MB no longer counts

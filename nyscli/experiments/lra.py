@@ -42,6 +42,7 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
+    reset_peak_memory,
 )
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     settings = trainer_config(cfg)
     device, resume_from = start_run(cfg, "lra", run_dir, _same_setup(cfg))
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache, cfg.threads)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
