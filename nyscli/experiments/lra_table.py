@@ -176,7 +176,8 @@ def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
         label = _row_key(pd.Series(r._asdict()))
         train = metrics[metrics.split == "train"].dropna(subset=["loss"])
         dev = metrics[metrics.split == "val"].dropna(subset=["accuracy"])
-        (line,) = loss_ax.plot(train.step, train.loss, label=label, linewidth=1)
+        (line,) = loss_ax.plot(train.step, train.loss, label=label, linewidth=1,
+                               marker="o" if len(train) < 5 else None, markersize=3)  # fmt: skip
         acc_ax.plot(dev.step, 100 * dev.accuracy, marker="o", markersize=3, label=label,
                     color=line.get_color())  # fmt: skip
         drawn += 1
