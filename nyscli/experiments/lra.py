@@ -22,11 +22,14 @@ from rich.table import Table
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
+from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
     TASKS,
+    check_source,
     classification_objective,
     load_task,
+    trivial_baseline,
 )
 from nyscli.experiments.training import (
     baseline_fields,
@@ -40,7 +43,6 @@ from nyscli.experiments.training import (
 )
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
-from nyscli.report.paper import TABLE3
 from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
@@ -50,6 +52,7 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
+    reset_peak_memory,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
         raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_source(cfg.task)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 
@@ -91,14 +95,19 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     settings = fit_schedule(trainer_config(cfg), run_dir)
     device, plan = start_run(cfg, run_dir)
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, cfg.data_cache)
+        data = load_task(cfg.task, cfg.data_cache, cfg.threads)
+    baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
-        "task %s: %d train / %d dev / %d test examples",
+        "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
         cfg.task.name,
+        data.dataset,
         len(data.train),
         len(data.val),
         len(data.test),
+        baseline,
+        100 * rule_accuracy,
     )
     model = build_classifier(
         vocab_size=data.vocab_size,
@@ -133,8 +142,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
     row: dict[str, Any] = {
         "task": cfg.task.name,
+        "dataset": data.dataset,
         "attention": label,
         "test_accuracy": test["accuracy"],
+        "trivial_rule": baseline,
+        "rule_accuracy": rule_accuracy,
         "test_loss": test["loss"],
         "best_dev_accuracy": fit.best_value,
         "best_step": fit.best_step,
@@ -160,8 +172,10 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def _runs_table(df: pd.DataFrame) -> Table:
     columns = [
         ("task", lambda r: str(r.task)),
+        ("data", lambda r: str(getattr(r, "dataset", "") or "")),
         ("attention", lambda r: str(r.attention)),
         ("test %", lambda r: pct(r.test_accuracy)),
+        ("rule %", lambda r: pct(getattr(r, "rule_accuracy", math.nan))),
         ("dev %", lambda r: pct(r.best_dev_accuracy)),
         *BASELINE_COLUMNS,
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
@@ -169,70 +183,17 @@ def _runs_table(df: pd.DataFrame) -> Table:
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    return rows_table("LRA runs", df, columns, {"task", "attention"})
-
-
-def _flagged(df: pd.DataFrame) -> set[tuple[str, str]]:
-    """(attention, task) cells with a flagged run (single-class set, accuracy = majority)."""
-    if "flag" not in df:
-        return set()
-    rows = df[df["flag"].fillna("").astype(str) != ""]
-    return {(str(r.attention), str(r.task)) for r in rows.itertuples()}
-
-
-def _pivot_table(
-    df: pd.DataFrame,
-    column: str,
-    title: str,
-    scale: float,
-    fmt: str,
-    reference: dict[str, dict[str, float]] | None = None,
-) -> Table:
-    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average;
-    ``!`` marks a flagged cell; ``reference`` rows (the paper's, in %) are shown dimmed."""
-    tasks = [t for t in TASKS if t in set(df.task)]
-    pivot = df.pivot_table(index="attention", columns="task", values=column, aggfunc="mean")
-    flagged = _flagged(df) if reference is not None else set()
-    table = Table(title=title, title_justify="left")
-    table.add_column("attention", style="bold")
-    for task in tasks:
-        table.add_column(task, justify="right")
-    table.add_column("avg", justify="right")
-    for attention, values in pivot.iterrows():
-        cells = [values.get(t) for t in tasks]
-        present = [v for v in cells if pd.notna(v)]
-        avg = sum(present) / len(present) if present else math.nan
-        shown = [
-            ("" if pd.isna(v) else format(scale * v, fmt))
-            + ("[red]![/]" if (str(attention), t) in flagged else "")
-            for v, t in zip(cells, tasks, strict=True)
-        ]
-        note = "" if len(present) == len(tasks) else "*"
-        table.add_row(
-            str(attention), *shown, ("" if pd.isna(avg) else format(scale * avg, fmt)) + note
-        )
-    all_five = "" if len(tasks) == len(TASKS) else "†"  # the paper averaged all five tasks
-    for name, values in (reference or {}).items():
-        cells = [format(values[t], fmt) if t in values else "" for t in tasks]
-        table.add_row(name, *cells, format(values["avg"], fmt) + all_five, style="dim")
-    return table
+    return rows_table("LRA runs", df, columns, {"task", "data", "attention"})
 
 
 def render(df: pd.DataFrame) -> RenderableType:
-    """One table of runs; with more than one run also the Table-3 layout (accuracy, with the
-    paper's rows; its avg is over all five tasks) and tokens/s."""
+    """One table of runs; with more than one run also Table 3 (lra_table)."""
     parts: list[RenderableType] = [_runs_table(df)]
     if len(df) > 1:
-        parts.append(
-            _pivot_table(
-                df,
-                "test_accuracy",
-                "Test accuracy (%) — Table 3 layout; * = average over the tasks present; "
-                "! = flagged (see the runs table); † = the paper's average of all five tasks",
-                100.0,
-                ".2f",
-                TABLE3,
-            )
-        )
-        parts.append(_pivot_table(df, "tokens_per_s", "Training tokens/s", 1.0, ",.0f"))
+        parts.append(render_table3(df))
     return Group(*parts)
+
+
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """``table3.csv`` and a learning-curve PNG per task, for a sweep or ``nys report``."""
+    return write_table3(df, folder)
