@@ -9,9 +9,12 @@ code 2 instead of deep inside a sweep.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import logging
 import os
+import shutil
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -24,11 +27,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nyscli.attention import AttentionConfigError
-from nyscli.errors import UserInputError
+from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
 from nyscli.report.console import console
@@ -42,6 +45,9 @@ log = logging.getLogger("nys")
 # The configs ship inside the package (nyscli/conf), so a wheel works from any directory.
 CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 OUTPUT_ROOT = "outputs"
+ENV_FILE = "env.json"
+# What every run folder holds from its first second; a failed run with nothing else is removed.
+BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)
 USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
 LAUNCHER_PACKAGES = {
@@ -110,9 +116,9 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def config_multirun(command: str, overrides: list[str]) -> bool:
-    """Whether the composed config puts Hydra in multirun mode (every cluster preset but
-    ``local`` does), exactly as Hydra decides it; missing configs raise here."""
+def compose_hydra(command: str, overrides: list[str]) -> DictConfig:
+    """The ``hydra`` node of the composed config (mode, run and sweep dirs), as Hydra decides
+    it; missing configs raise here."""
     with hydra.initialize_config_dir(
         config_dir=str(CONF_DIR), version_base="1.3", job_name=command
     ):
@@ -123,18 +129,45 @@ def config_multirun(command: str, overrides: list[str]) -> bool:
             with_log_configuration=False,
             validate_sweep_overrides=False,
         )
-    return cfg.hydra.mode == RunMode.MULTIRUN
+    return cfg.hydra
+
+
+def config_multirun(command: str, overrides: list[str]) -> bool:
+    """Whether the composed config puts Hydra in multirun mode (every cluster preset but
+    ``local`` does)."""
+    return compose_hydra(command, overrides).mode == RunMode.MULTIRUN
 
 
 def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
-    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one."""
+    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one.
+
+    HydraConfig is set to each job's, so ``validate`` sees the overrides and group choices
+    exactly as it will inside the run.
+    """
     task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     module = experiment_module(command)
     with hydra.initialize_config_dir(
         config_dir=str(CONF_DIR), version_base="1.3", job_name=command
     ):
         for job in job_overrides(task_overrides, multirun):
-            module.validate(hydra.compose(config_name=command, overrides=job))
+            cfg = hydra.compose(config_name=command, overrides=job, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            module.validate(cfg)
+
+
+def existing_run(folder: Path) -> Path | None:
+    """The first run folder at or below ``folder`` (it holds ``.hydra/``, results or
+    checkpoints), or None: such a folder is never written into again."""
+    if not folder.is_dir():
+        return None
+    marks = (".hydra", RESULTS_FILE, ERROR_FILE, "metrics.csv", "checkpoints")
+    for mark in marks:
+        found = sorted(folder.rglob(mark))
+        if found:
+            return found[0].parent
+    return None
 
 
 class Task:
@@ -155,16 +188,20 @@ class Task:
         module = experiment_module(command)
         main = distributed.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
-            write_json(collect_env(str(cfg.get("device", "cpu"))), run_dir / "env.json")
+            try:
+                write_json(collect_env(str(cfg.get("device", "cpu"))), run_dir / ENV_FILE)
+            except OSError as error:
+                raise Abort(describe_os_error(error), 2) from error
         else:
             logging.getLogger().setLevel(logging.WARNING)
         nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))
         try:
             module.validate(cfg)
             df = distributed.run_on_ranks(module.run, cfg, run_dir, console, nproc)
-        except USER_ERRORS as error:
-            message = one_line(error)
-            write_text(message + "\n", run_dir / ERROR_FILE)
+        except (*USER_ERRORS, OSError) as error:
+            message = describe_os_error(error) if isinstance(error, OSError) else one_line(error)
+            with contextlib.suppress(OSError):  # the disk may be the very thing that failed
+                write_text(message + "\n", run_dir / ERROR_FILE)
             if not multirun:
                 raise Abort(message, 2) from error
             log.error("job failed: %s", message)
@@ -190,6 +227,35 @@ def _run_folder(base: Path, shared: bool) -> Path:
     return base
 
 
+def check_new_folder(key: str, target: Path) -> Path | None:
+    """Refuse ``key=target`` when ``target`` already holds a run (runs are never overwritten)
+    or cannot be written; create it. Returns ``target`` if this call created it, else None."""
+    if target.exists() and not target.is_dir():
+        raise UserInputError(f"{key}={target} is a file, not a folder; give a new folder")
+    run = existing_run(target)
+    if run is not None:
+        raise UserInputError(
+            f"{key}={target} already holds a run ({run}); runs are never overwritten: "
+            f"give a new folder, or resume=<run folder> to continue one"
+        )
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(target))
+    return target if created else None
+
+
+def discard_failed(folder: Path) -> None:
+    """Remove a run folder that failed before it produced anything but bookkeeping (config,
+    env.json, error.txt, the log): an error-only folder is no run. Anything else (metrics,
+    checkpoints) keeps the folder, marked failed by its error.txt."""
+    if not folder.is_dir():
+        return
+    keep = [p for p in folder.iterdir() if p.name not in BOOKKEEPING and p.suffix != ".log"]
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _overrides_key(overrides: list[str], key: str) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
 
@@ -205,24 +271,36 @@ def launch(command: str, arguments: list[str]) -> int:
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
     sweep_dir = None
+    fresh = None  # the run folder this launch created: removed again if the run fails early
     if not inspecting:
         try:
-            multirun = multirun or config_multirun(command, list(args.overrides))
+            hydra_node = compose_hydra(command, list(args.overrides))
+            multirun = multirun or hydra_node.mode == RunMode.MULTIRUN
             validate_jobs(command, list(args.overrides), multirun)
             key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
             given = _overrides_key(args.overrides, key)
+            world = distributed.world_from_env()
+            if given:
+                target = Path(str(hydra_node.sweep.dir if multirun else hydra_node.run.dir))
+                # The ranks of one torchrun/srun world all run this and share the folder.
+                if world is None or world.size < 2:
+                    fresh = check_new_folder(key, target)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
             shared = None if given else distributed.shared_run_name()
-        except USER_ERRORS as error:
-            message = missing_launcher(error, args.overrides) or one_line(error)
+            if not given:
+                root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
+                name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+                folder = _run_folder(root / name, shared is not None)
+                args.overrides.append(f"{key}={folder}")
+                sweep_dir = folder if multirun else None
+                fresh = None if shared else folder
+        except (*USER_ERRORS, OSError) as error:
+            if isinstance(error, OSError):
+                message = describe_os_error(error)
+            else:
+                message = missing_launcher(error, args.overrides) or one_line(error)
             console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
             return 2
-        if not given:
-            root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
-            name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            folder = _run_folder(root / name, shared is not None)
-            args.overrides.append(f"{key}={folder}")
-            sweep_dir = folder if multirun else None
     try:
         _run_hydra(
             args=args,
@@ -232,6 +310,8 @@ def launch(command: str, arguments: list[str]) -> int:
             config_name=command,
         )
     except Abort as abort:
+        if fresh is not None and not multirun:
+            discard_failed(fresh)
         console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
         return abort.code
     except SystemExit:

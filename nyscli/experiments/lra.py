@@ -19,15 +19,24 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
+    IMAGE_SOURCES,
     TASKS,
     classification_objective,
     load_task,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    check_attention,
+    check_device,
+    check_values,
+    run_context,
+    start_run,
+)
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
 from nyscli.report.tables import pct, rows_table
@@ -48,6 +57,46 @@ PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 4
                  "pathfinder": 70.94}  # fmt: skip
 
 
+# The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
+RULES: dict[str, schema.Rule] = {
+    **schema.prefixed(
+        "task",
+        {
+            "max_len": schema.COUNT,
+            "batch_size": schema.COUNT,
+            "warmup_steps": schema.Int(low=0),
+            "steps": schema.COUNT,
+            "eval_every": schema.COUNT,
+            "eval_examples": schema.OPTIONAL_COUNT,
+            "test_examples": schema.OPTIONAL_COUNT,
+            "pooling": schema.Choice(values=POOLINGS),
+            "data_dir": schema.Text(null=True),
+            "generate.min_len": schema.COUNT,
+            "generate.max_len": schema.COUNT,
+            "generate.max_depth": schema.COUNT,
+            "generate.max_args": schema.Int(low=2),
+            "generate.n_train": schema.COUNT,
+            "generate.n_val": schema.COUNT,
+            "generate.n_test": schema.COUNT,
+            "generate.seed": schema.SEED,
+            "data.path": schema.Text(null=True),
+            "data.source": schema.Choice(values=IMAGE_SOURCES),
+            "data.val_fraction": schema.PROBABILITY,
+            "data.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+            "data.seed": schema.SEED,
+            "data.difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
+            "data.workers": schema.OPTIONAL_COUNT,
+            "data.generate.image_size": schema.Int(low=8),
+            "data.generate.n_train": schema.COUNT,
+            "data.generate.n_val": schema.COUNT,
+            "data.generate.n_test": schema.COUNT,
+            "data.generate.seed": schema.SEED,
+        },
+    ),
+    "model.pooling": schema.Choice(values=POOLINGS),
+}
+
+
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
     return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
@@ -58,17 +107,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    for key in ("max_len", "steps", "batch_size"):
-        value = cfg.task.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"task.{key}={value} is not allowed; it must be an integer >= 1")
-    if cfg.model.pooling not in POOLINGS:
-        allowed = ", ".join(POOLINGS)
-        raise UserInputError(
-            f"model.pooling={cfg.model.pooling} is not allowed; choose one of: {allowed}"
-        )
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_values(cfg, RULES)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 

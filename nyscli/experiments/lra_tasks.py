@@ -22,6 +22,7 @@ from nyscli.train import BatchResult
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 DUAL_TASKS = ("retrieval",)
+IMAGE_SOURCES = ("cifar10", "fashion_mnist")  # task=image: task.data.source
 
 
 def classification_objective(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> BatchResult:
@@ -100,7 +101,7 @@ def _image(task: DictConfig, cache_dir: Path | None) -> TaskData:
         kwargs = {"path": data.path} if data.path else {}
         return load_fashion_mnist(**kwargs, val_fraction=float(data.val_fraction))
     raise UserInputError(
-        f"task.data.source={data.source} is not allowed; choose one of: cifar10, fashion_mnist"
+        f"task.data.source={data.source} is not allowed; choose one of: {', '.join(IMAGE_SOURCES)}"
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from nyscli.attention import AttentionConfigError, MultiHeadAttention
 from nyscli.bridge import OUTPUT_ROOT
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
 from nyscli.train.resume import find_resume_checkpoint
 
@@ -24,8 +25,15 @@ def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
     return device
 
 
+def check_values(cfg: DictConfig, rules: Mapping[str, schema.Rule]) -> None:
+    """``rules``, then the shared training keys (seed, threads, model.*, trainer.*)."""
+    schema.check(cfg, rules)  # first: a task key names what the user set, not its echo
+    schema.check(cfg, schema.TRAINING)
+
+
 def check_attention(cfg: DictConfig) -> None:
     """Build one attention module of the configured width, so a bad value fails in one line."""
+    schema.check_attentions([("attention", cfg.attention)])
     try:
         MultiHeadAttention(
             cfg.model.dim,
