@@ -18,6 +18,7 @@ import shutil
 import traceback
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -264,7 +265,16 @@ def launch(command: str, arguments: list[str]) -> int:
     """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
     parser = get_args_parser()
     parser.prog = f"nys {command}"
-    args = parser.parse_intermixed_args(arguments)
+
+    def usage_error(message: str) -> NoReturn:  # argparse would print its usage block
+        raise UserInputError(f"{message}; see nys {command.replace('_', '-')} --help")
+
+    parser.error = usage_error  # type: ignore[method-assign]
+    try:
+        args = parser.parse_intermixed_args(arguments)
+    except UserInputError as error:
+        console.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+        return 2
     hydra.version.setbase("1.3")
     multirun = bool(args.multirun)
     inspecting = bool(
