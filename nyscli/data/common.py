@@ -69,8 +69,10 @@ def reading(path: str | os.PathLike[str], option: str, expected: str) -> Iterato
     the reason and what was ``expected`` (e.g. ``"a CSV with columns review,sentiment"``)."""
     try:
         yield
-    except DataError:
-        raise
+    except DataError as error:
+        if str(path) in str(error):
+            raise
+        raise DataError(f"{path}: {error}") from None
     except READ_ERRORS as error:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS):
             raise  # a fault of the disk or permissions, not of the file's content
@@ -116,6 +118,19 @@ def require_file(path: Path, what: str, option: str = "data.path") -> Path:
     if not path.is_file():
         raise DataError(f"{option}: missing {what} {path}")
     return path
+
+
+def require_examples(sizes: dict[str, int], what: str, source: object) -> None:
+    """A one-line error if the train split or any labelled split of ``source`` is empty:
+    training or scoring on nothing is never a result."""
+    empty = [split for split, size in sizes.items() if size == 0]
+    if "train" not in sizes:
+        empty.insert(0, "train")
+    if empty:
+        raise DataError(
+            f"{what}: {source} has no labelled examples in split(s) {', '.join(empty)}; "
+            "check the data folder (or the generator settings)"
+        )
 
 
 @contextlib.contextmanager

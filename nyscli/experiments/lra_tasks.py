@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nyscli.data.common import DataError, TaskData
+from nyscli.data.common import DataError, TaskData, require_examples
 from nyscli.errors import UserInputError
 from nyscli.train import BatchResult
 
@@ -142,6 +142,10 @@ def load_task(task: DictConfig, cache_dir: str | None) -> TaskData:
     if task.name not in LOADERS:
         raise UserInputError(f"task={task.name} is not allowed; choose one of: {', '.join(TASKS)}")
     try:
-        return LOADERS[task.name](task, Path(cache_dir).expanduser() if cache_dir else None)
+        data = LOADERS[task.name](task, Path(cache_dir).expanduser() if cache_dir else None)
     except DataError as error:
         raise UserInputError(f"task={task.name}: {error}") from error
+    sizes = {"train": len(data.train), "dev": len(data.val), "test": len(data.test)}
+    source = task.get("data_dir") or OmegaConf.select(task, "data.path") or "the generator"
+    require_examples(sizes, f"task={task.name}", source)
+    return data
