@@ -26,6 +26,14 @@ class UserInputError(ValueError):
     """
 
 
+def naming(error: OSError, path: object) -> OSError:
+    """``error`` with ``path`` as its file name if it had none (a failed ``write`` on an open
+    handle names no file): re-raise it so the one-line message says which file failed."""
+    if error.filename is not None:
+        return error
+    return type(error)(error.errno, error.strerror or str(error), str(path))
+
+
 def describe_os_error(error: OSError) -> str:
     """One line naming the file, what went wrong and what to do, e.g.
     ``/x/last.pt: No space left on device; free disk space ...``."""

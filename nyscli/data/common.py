@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from nyscli.errors import UserInputError
+from nyscli.errors import UserInputError, naming
 
 PAD_ID = 0
 BYTE_OFFSET = 1
@@ -147,6 +147,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)
+    except OSError as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise naming(error, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
