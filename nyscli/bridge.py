@@ -79,6 +79,14 @@ def one_line(error: BaseException) -> str:
     return text
 
 
+def fault_line(error: BaseException) -> str:
+    """One line for a user error, or for an OS fault (file, reason, what to do)."""
+    # Hydra's MissingConfigException is an IOError too, but a user error, not a disk fault.
+    if isinstance(error, OSError) and not isinstance(error, USER_ERRORS):
+        return describe_os_error(error)
+    return one_line(error)
+
+
 def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
     """The one-line install hint when a cluster preset's launcher plugin is not installed."""
     if not isinstance(error, MissingConfigException):
@@ -200,7 +208,7 @@ class Task:
             module.validate(cfg)
             df = distributed.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except (*USER_ERRORS, OSError) as error:
-            message = describe_os_error(error) if isinstance(error, OSError) else one_line(error)
+            message = fault_line(error)
             with contextlib.suppress(OSError):  # the disk may be the very thing that failed
                 write_text(message + "\n", run_dir / ERROR_FILE)
             if not multirun:
@@ -305,10 +313,7 @@ def launch(command: str, arguments: list[str]) -> int:
                 sweep_dir = folder if multirun else None
                 fresh = None if shared else folder
         except (*USER_ERRORS, OSError) as error:
-            if isinstance(error, OSError):
-                message = describe_os_error(error)
-            else:
-                message = missing_launcher(error, args.overrides) or one_line(error)
+            message = missing_launcher(error, args.overrides) or fault_line(error)
             console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
             return 2
     try:
