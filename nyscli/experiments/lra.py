@@ -57,8 +57,18 @@ PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 4
                  "pathfinder": 70.94}  # fmt: skip
 
 
+# The split sizes and seed of a generated task (ListOps: task.generate, Pathfinder:
+# task.data.generate).
+GENERATED: dict[str, schema.Rule] = {
+    "n_train": schema.COUNT,
+    "n_val": schema.COUNT,
+    "n_test": schema.COUNT,
+    "seed": schema.SEED,
+}
 # The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
 RULES: dict[str, schema.Rule] = {
+    **schema.prefixed("task.generate", GENERATED),
+    **schema.prefixed("task.data.generate", GENERATED),
     **schema.prefixed(
         "task",
         {
@@ -75,10 +85,7 @@ RULES: dict[str, schema.Rule] = {
             "generate.max_len": schema.COUNT,
             "generate.max_depth": schema.COUNT,
             "generate.max_args": schema.Int(low=2),
-            "generate.n_train": schema.COUNT,
-            "generate.n_val": schema.COUNT,
-            "generate.n_test": schema.COUNT,
-            "generate.seed": schema.SEED,
+            "data.generate.image_size": schema.Int(low=8),
             "data.path": schema.Text(null=True),
             "data.source": schema.Choice(values=IMAGE_SOURCES),
             "data.val_fraction": schema.PROBABILITY,
@@ -86,11 +93,6 @@ RULES: dict[str, schema.Rule] = {
             "data.seed": schema.SEED,
             "data.difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
             "data.workers": schema.OPTIONAL_COUNT,
-            "data.generate.image_size": schema.Int(low=8),
-            "data.generate.n_train": schema.COUNT,
-            "data.generate.n_val": schema.COUNT,
-            "data.generate.n_test": schema.COUNT,
-            "data.generate.seed": schema.SEED,
         },
     ),
     "model.pooling": schema.Choice(values=POOLINGS),
