@@ -264,6 +264,8 @@ def report(
         out = paths[0] / "summary.csv"
     elif out is not None and out.is_dir():
         fail(f"--out={out} is a folder; give a file name, e.g. --out {out / 'summary.csv'}")
+    elif out is not None and not out.parent.is_dir():
+        fail(f"--out={out}: the folder {out.parent} does not exist; create it or give another")
     try:
         show_report(paths, out)
     except UserInputError as error:
