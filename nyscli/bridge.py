@@ -30,6 +30,7 @@ from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+from rich.markup import escape
 
 from nyscli.attention import AttentionConfigError
 from nyscli.errors import UserInputError, describe_os_error
@@ -281,7 +282,7 @@ def launch(command: str, arguments: list[str]) -> int:
     try:
         args = parser.parse_intermixed_args(arguments)
     except UserInputError as error:
-        console.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return 2
     hydra.version.setbase("1.3")
     multirun = bool(args.multirun)
@@ -314,7 +315,7 @@ def launch(command: str, arguments: list[str]) -> int:
                 fresh = None if shared else folder
         except (*USER_ERRORS, OSError) as error:
             message = missing_launcher(error, args.overrides) or fault_line(error)
-            console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
     try:
         _run_hydra(
@@ -327,7 +328,7 @@ def launch(command: str, arguments: list[str]) -> int:
     except Abort as abort:
         if fresh is not None and not multirun:
             discard_failed(fresh)
-        console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
         return abort.code
     except SystemExit:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
