@@ -267,7 +267,7 @@ def report(
     elif out is not None and not out.parent.is_dir():
         fail(f"--out={out}: the folder {out.parent} does not exist; create it or give another")
     try:
-        show_report(paths, out)
+        show_report(paths, out, figures=out.parent if out is not None else None)
     except UserInputError as error:
         fail(str(error))
     except OSError as error:
