@@ -40,6 +40,7 @@ from nyscli.data.common import (
     DataError,
     TaskData,
     image_dataset,
+    reading,
     require_path,
     split_counts,
 )
@@ -79,7 +80,7 @@ def _cifar_blobs(path: Path) -> dict[str, bytes]:
     """Raw bytes of the six batch files from a folder or the .tar.gz archive."""
     names = (*CIFAR_TRAIN, CIFAR_TEST)
     if path.is_file():
-        with tarfile.open(path) as tar:
+        with reading(path, "data.path", "cifar-10-python.tar.gz"), tarfile.open(path) as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
             missing = [n for n in names if n not in members]
             if missing:
@@ -87,7 +88,8 @@ def _cifar_blobs(path: Path) -> dict[str, bytes]:
             return {n: tar.extractfile(members[n]).read() for n in names}  # type: ignore[union-attr]
     for root in (path, path / "cifar-10-batches-py"):
         if all((root / n).is_file() for n in names):
-            return {n: (root / n).read_bytes() for n in names}
+            with reading(root, "data.path", "the CIFAR-10 python batches"):
+                return {n: (root / n).read_bytes() for n in names}
     raise DataError(
         f"data.path={path}: no data_batch_1..5 and test_batch; expected the CIFAR-10 python "
         "version (cifar-10-batches-py folder or cifar-10-python.tar.gz)"
@@ -111,9 +113,10 @@ def read_cifar10(path: str | os.PathLike[str]) -> dict[str, tuple[np.ndarray, np
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """An IDX array (gzip detected by its magic bytes, not the file name)."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+    with reading(path, "data.path", "a Fashion-MNIST IDX file"):
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
         raise DataError(f"{path}: not an IDX file")
     ndim = raw[3]

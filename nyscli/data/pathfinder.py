@@ -77,6 +77,7 @@ from nyscli.data.common import (
     image_dataset,
     keyed_cache_dir,
     progress_bar,
+    reading,
     require_path,
     split_counts,
 )
@@ -544,13 +545,14 @@ def _difficulty_dir(root: Path, difficulty: str) -> Path:
 
 def read_metadata(path: Path) -> list[list[str]]:
     """Rows of one metadata file: text lines split on whitespace, or a binary ``np.save``."""
-    raw = path.read_bytes()
-    if raw.startswith(b"\x93NUMPY"):
-        import io
+    with reading(path, "data.path", "a Pathfinder metadata file"):
+        raw = path.read_bytes()
+        if raw.startswith(b"\x93NUMPY"):
+            import io
 
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
-        return [[str(v) for v in row] for row in np.atleast_2d(arr)]
-    return [line.split() for line in raw.decode("utf-8").splitlines() if line.strip()]
+            arr = np.load(io.BytesIO(raw), allow_pickle=False)
+            return [[str(v) for v in row] for row in np.atleast_2d(arr)]
+        return [line.split() for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
 def _meta_key(p: Path) -> tuple[int, int | str]:

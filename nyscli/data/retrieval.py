@@ -46,6 +46,7 @@ from nyscli.data.common import (
     TaskData,
     encode_byte_texts,
     pad_batch,
+    reading,
     require_path,
     seeded_permutation,
     split_counts,
@@ -73,7 +74,7 @@ def read_aan_tsv(path: str | os.PathLike[str]) -> tuple[list[bytes], list[bytes]
     texts1: list[bytes] = []
     texts2: list[bytes] = []
     labels: list[int] = []
-    with open(path, "rb") as f:
+    with reading(path, "data.path", "an AAN TSV file"), open(path, "rb") as f:
         for lineno, line in enumerate(f, start=1):
             line = line.rstrip(b"\r\n")
             if not line:

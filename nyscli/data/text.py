@@ -36,6 +36,7 @@ from nyscli.data.common import (
     SequenceClassificationDataset,
     TaskData,
     encode_byte_texts,
+    reading,
     seeded_permutation,
 )
 
@@ -71,7 +72,8 @@ def read_aclimdb_folder(root: Path) -> dict[str, Split]:
         labels: list[int] = []
         for name, label in (("neg", 0), ("pos", 1)):
             files = sorted((root / split / name).glob("*.txt"), key=_review_key)
-            texts.extend(f.read_bytes() for f in files)
+            with reading(root, "data.path", EXPECTED):
+                texts.extend(f.read_bytes() for f in files)
             labels.extend([label] * len(files))
         out[split] = (texts, np.asarray(labels, dtype=np.int64))
     return out
@@ -81,11 +83,8 @@ def read_imdb_csv(path: Path, test_fraction: float = 0.5, seed: int = 0) -> dict
     """``{"train": ..., "test": ...}`` from a review/sentiment[/split] CSV (see module doc)."""
     import pandas as pd
 
-    try:
+    with reading(path, "data.path", EXPECTED):
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        msg = f"data.path={path}: cannot read as CSV ({exc}); expected {EXPECTED}"
-        raise DataError(msg) from None
     missing = {"review", "sentiment"} - set(df.columns)
     if missing:
         raise DataError(

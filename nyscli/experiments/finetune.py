@@ -29,6 +29,7 @@ from rich.table import Table
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.finetune_model import (
     SCRATCH,
@@ -49,6 +50,7 @@ from nyscli.experiments.training import (
     baseline_fields,
     check_attention,
     check_device,
+    check_values,
     class_balance,
     fit_schedule,
     preflight,
@@ -76,9 +78,24 @@ CURVE_FILE = "learning_curve.png"
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
-def _integer(value: Any, key: str, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= {low}")
+RULES: dict[str, schema.Rule] = {
+    "task.max_len": schema.Int(low=3),  # a pair needs [CLS] and two [SEP]
+    "task.batch_size": schema.COUNT,
+    "task.lr": schema.Float(low=0.0, low_open=True),
+    "task.weight_decay": schema.Float(low=0.0),
+    "task.steps": schema.OPTIONAL_COUNT,
+    "task.eval_every": schema.COUNT,
+    "task.eval_examples": schema.OPTIONAL_COUNT,
+    "task.dev_examples": schema.OPTIONAL_COUNT,
+    "task.test_examples": schema.OPTIONAL_COUNT,
+    "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
+    "init": schema.Text(),
+    "scratch.like": schema.Text(null=True),
+    "scratch.tokenizer": schema.Text(),
+    "data.dir": schema.Text(null=True),
+    "epochs": schema.Float(low=0.0, low_open=True),
+    "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
+}
 
 
 def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
@@ -94,16 +111,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    _integer(cfg.task.max_len, "task.max_len", 3)  # a pair needs [CLS] and two [SEP]
-    if isinstance(cfg.epochs, bool) or not isinstance(cfg.epochs, int | float) or cfg.epochs <= 0:
-        raise UserInputError(f"epochs={cfg.epochs} is not allowed; it must be a number > 0")
-    if cfg.warmup_ratio is not None and not 0 <= float(cfg.warmup_ratio) < 1:
-        raise UserInputError(f"warmup_ratio={cfg.warmup_ratio} is not allowed; use 0 <= r < 1")
-    for key in ("test_examples", "dev_examples"):
-        if cfg.task.get(key) is not None:
-            _integer(cfg.task[key], f"task.{key}")
-    if cfg.threads is not None:
-        _integer(cfg.threads, "threads")
+    check_values(cfg, RULES)
     check_device(cfg, trainer_config(cfg))
     if str(cfg.init) != SCRATCH:
         pretrained_folder(str(cfg.init), "init")

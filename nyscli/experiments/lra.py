@@ -19,8 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
@@ -35,6 +37,7 @@ from nyscli.experiments.training import (
     baseline_fields,
     check_attention,
     check_device,
+    check_values,
     class_balance,
     fit_schedule,
     preflight,
@@ -61,6 +64,49 @@ CURVE_FILE = "learning_curve.png"
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
+# The split sizes and seed of a generated task (ListOps: task.generate, Pathfinder:
+# task.data.generate).
+GENERATED: dict[str, schema.Rule] = {
+    "n_train": schema.COUNT,
+    "n_val": schema.COUNT,
+    "n_test": schema.COUNT,
+    "seed": schema.SEED,
+}
+# The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
+RULES: dict[str, schema.Rule] = {
+    **schema.prefixed("task.generate", GENERATED),
+    **schema.prefixed("task.data.generate", GENERATED),
+    **schema.prefixed(
+        "task",
+        {
+            "max_len": schema.COUNT,
+            "batch_size": schema.COUNT,
+            "warmup_steps": schema.Int(low=0),
+            "steps": schema.COUNT,
+            "eval_every": schema.COUNT,
+            "eval_examples": schema.OPTIONAL_COUNT,
+            "test_examples": schema.OPTIONAL_COUNT,
+            "pooling": schema.Choice(values=POOLINGS),
+            "data_dir": schema.Text(null=True),
+            "generate.min_len": schema.COUNT,
+            "generate.max_len": schema.COUNT,
+            "generate.max_depth": schema.COUNT,
+            "generate.max_args": schema.Int(low=2),
+            "data.generate.image_size": schema.Int(low=8),
+            "data.path": schema.Text(null=True),
+            "data.val_fraction": schema.PROBABILITY,
+            "data.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+            "data.seed": schema.SEED,
+            "data.split_seed": schema.SEED,
+            "data.pairs_per_document": schema.COUNT,
+            "data.difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
+            "data.workers": schema.OPTIONAL_COUNT,
+        },
+    ),
+    "model.pooling": schema.Choice(values=POOLINGS),
+}
+
+
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
     return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
@@ -71,17 +117,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    for key in ("max_len", "steps", "batch_size"):
-        value = cfg.task.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"task.{key}={value} is not allowed; it must be an integer >= 1")
-    if cfg.model.pooling not in POOLINGS:
-        allowed = ", ".join(POOLINGS)
-        raise UserInputError(
-            f"model.pooling={cfg.model.pooling} is not allowed; choose one of: {allowed}"
-        )
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_values(cfg, RULES)
     check_source(cfg.task)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)

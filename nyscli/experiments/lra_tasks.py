@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nyscli.data.common import DataError, TaskData
+from nyscli.data.common import DataError, TaskData, require_examples
 from nyscli.errors import UserInputError
 from nyscli.train import BatchResult
 
@@ -174,9 +174,13 @@ def load_task(task: DictConfig, cache_dir: str | None, threads: int | None = Non
         raise UserInputError(f"task={task.name} is not allowed; choose one of: {', '.join(TASKS)}")
     try:
         cache = Path(cache_dir).expanduser() if cache_dir else None
-        return LOADERS[task.name](task, cache, threads)
+        data = LOADERS[task.name](task, cache, threads)
     except DataError as error:
         raise UserInputError(f"task={task.name}: {error}") from error
+    sizes = {"train": len(data.train), "dev": len(data.val), "test": len(data.test)}
+    source = task.get("data_dir") or OmegaConf.select(task, "data.path") or "the generator"
+    require_examples(sizes, f"task={task.name}", source)
+    return data
 
 
 def _labels(dataset: Any) -> np.ndarray:

@@ -27,6 +27,7 @@ from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
 from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.pretrain_objectives import (
     METRICS,
@@ -38,6 +39,7 @@ from nyscli.experiments.pretrain_objectives import (
 from nyscli.experiments.training import (
     check_attention,
     check_device,
+    check_values,
     fit_schedule,
     preflight,
     run_context,
@@ -62,8 +64,24 @@ from nyscli.train import (
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "pretraining_curves.png"
-MODEL_KEYS = ("dim", "depth", "num_heads", "ffn_dim", "max_len")
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
+
+
+RULES: dict[str, schema.Rule] = {
+    "mlm_probability": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "data.source": schema.Choice(values=SOURCES),
+    "data.path": schema.Text(null=True),
+    "data.text_field": schema.Text(),
+    "data.name": schema.Text(),
+    "data.split": schema.Text(),
+    "data.val_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "data.split_seed": schema.SEED,
+    "tokenizer.kind": schema.Choice(values=TOKENIZER_KINDS),
+    "tokenizer.path": schema.Text(null=True),
+    # The five special tokens and a basic alphabet must fit.
+    "tokenizer.vocab_size": schema.Int(low=100),
+    "tokenizer.min_frequency": schema.COUNT,
+}
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -86,16 +104,7 @@ def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value (the corpus is not read)."""
-    for key in MODEL_KEYS:
-        value = cfg.model.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"model.{key}={value} is not allowed; it must be an integer >= 1")
-    if not 0.0 <= float(cfg.model.dropout) < 1.0:
-        raise UserInputError(f"model.dropout={cfg.model.dropout} is not allowed; use 0 <= p < 1")
-    if not 0.0 < float(cfg.mlm_probability) < 1.0:
-        raise UserInputError(f"mlm_probability={cfg.mlm_probability} is not allowed; use 0 < p < 1")
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_values(cfg, RULES)
     source = cfg.data.get("source")
     if source not in SOURCES:
         raise UserInputError(
@@ -107,11 +116,6 @@ def validate(cfg: DictConfig) -> None:
             raise UserInputError(
                 f"data.path={path} does not exist; expected a folder of .txt/.jsonl documents"
             )
-    if cfg.tokenizer.get("kind") not in TOKENIZER_KINDS:
-        allowed = ", ".join(TOKENIZER_KINDS)
-        raise UserInputError(
-            f"tokenizer.kind={cfg.tokenizer.get('kind')} is not allowed; choose one of: {allowed}"
-        )
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 

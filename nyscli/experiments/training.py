@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from nyscli.attention import AttentionConfigError, MultiHeadAttention
 from nyscli.bridge import OUTPUT_ROOT
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
 from nyscli.train.resume import ResumePlan, plan_resume
 
@@ -35,8 +37,16 @@ def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
     return device
 
 
+def check_values(cfg: DictConfig, rules: Mapping[str, schema.Rule]) -> None:
+    """``rules``, then the shared training keys (seed, threads, model.*, trainer.*) that
+    ``rules`` does not redefine."""
+    schema.check(cfg, rules)  # first: a task key names what the user set, not its echo
+    schema.check(cfg, {k: r for k, r in schema.TRAINING.items() if k not in rules})
+
+
 def check_attention(cfg: DictConfig) -> None:
     """Build one attention module of the configured width, so a bad value fails in one line."""
+    schema.check_attentions([("attention", cfg.attention)])
     try:
         MultiHeadAttention(
             cfg.model.dim,

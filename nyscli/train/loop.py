@@ -29,7 +29,14 @@ from torch import nn
 from nyscli.errors import UserInputError
 from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
-from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint, save_checkpoint
+from nyscli.train.checkpoint import (
+    BEST,
+    CHECKPOINT_DIR,
+    LAST,
+    load_checkpoint,
+    save_checkpoint,
+    shape_mismatch,
+)
 from nyscli.train.config import TrainerConfig
 from nyscli.train.errors import CheckpointError, TrainingDiverged, TrainingInterrupted
 from nyscli.train.metrics import METRICS_FILE, BatchResult, MetricsLog, Running
@@ -383,6 +390,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             first = str(error).strip().splitlines()[0][:160]
+            first = shape_mismatch(self.model, state.get("model", {})) or first
             raise CheckpointError(
                 f"checkpoint does not fit this model/optimizer ({first}); resume with the "
                 "same model, task and attention settings"
