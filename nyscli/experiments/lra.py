@@ -129,11 +129,12 @@ def attention_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = fit_schedule(trainer_config(cfg), run_dir)
     device, plan = start_run(cfg, run_dir)
     reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache, cfg.threads)
+    # After the data: a bad data file is then the run's only output line.
+    settings = fit_schedule(trainer_config(cfg), run_dir)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
         "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
