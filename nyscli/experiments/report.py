@@ -29,7 +29,14 @@ def show_report(paths: list[Path], out: Path | None = None) -> pd.DataFrame:
         df = aggregate(group)
         frames.append(df.assign(command=command))
         if not df.empty and command in COMMANDS:
-            console.print(experiment_module(command).render(df))
+            module = experiment_module(command)
+            console.print(module.render(df))
+            # A command may draw figures from its rows: beside ``out``, else in the one folder.
+            figures = getattr(module, "report_figures", None)
+            folder = out.parent if out is not None else Path(paths[0])
+            if figures is not None and (out is not None or len(paths) == 1):
+                for figure in figures(df, folder):
+                    console.print(f"wrote {figure}")
         elif not df.empty:
             console.print(df.to_string(index=False))
     failed = [run for run in runs if not run.ok]
