@@ -254,3 +254,44 @@ def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
         assert len(lines) == 1 and message in lines[0], lines
         assert "Traceback" not in done.stdout + done.stderr
         assert not any(tmp_path.rglob("config.yaml"))  # no run folder left behind
+
+
+def test_pretraining_model_takes_the_checkpoint_heads_or_fresh_tied_ones(tmp_path) -> None:
+    from nyscli.experiments.pretrain import pretraining_model
+
+    with_head = import_bert(f"hf:{tiny_checkpoint(tmp_path / 'a', mlm=True)}", {"name": "softmax"})
+    model = pretraining_model(with_head)
+    assert torch.equal(model.mlm.bias, with_head.mlm["bias"])
+    assert torch.equal(model.sop.pooler.weight, with_head.pooler["weight"])
+    bare = import_bert(f"hf:{tiny_checkpoint(tmp_path / 'b', seed=1)}", {"name": "softmax"})
+    model = pretraining_model(bare)
+    assert torch.equal(model.mlm.bias, torch.zeros_like(model.mlm.bias))  # fresh head
+    assert torch.equal(
+        model.bert.token_embeddings.weight, bare.encoder.encoder.embeddings.tokens.weight
+    )
+
+
+def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        sentences = [" ".join(rng.choice(WORDS, 6)) + " ." for _ in range(4)]
+        (corpus / f"{i}.txt").write_text(" ".join(sentences))
+    done = run_nys("pretrain", f"init=hf:{folder}", "data=folder", f"data.path={corpus}",
+                   f"data_cache={tmp_path / 'cache'}", "attention=nystrom",
+                   "attention.num_landmarks=4", "attention.conv_kernel_size=3",
+                   "trainer.max_steps=3", "trainer.batch_size=8", "trainer.eval_every=3",
+                   "trainer.eval_examples=null", "trainer.progress=false", "threads=1")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = (tmp_path / "outputs" / "pretrain").iterdir()
+    row = pd.read_csv(run_dir / "results.csv").iloc[0]
+    assert row["model"] == f"hf:{folder}" and row["vocab_size"] == 23 and row["max_len"] == 40
+    assert row["attention"].startswith("nystrom-4")
+    data = sst2_folder(tmp_path / "SST-2")
+    tuned = run_nys("finetune", f"init={run_dir}", f"data.dir={data}", "trainer.max_steps=2",
+                    "trainer.batch_size=8", "threads=1", "trainer.progress=false")  # fmt: skip
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    row = pd.read_csv(next((tmp_path / "outputs" / "finetune").rglob("results.csv"))).iloc[0]
+    assert row["attention"].startswith("nystrom-4") and row["steps"] == 2

@@ -28,10 +28,9 @@ from nyscli.experiments.pretrain import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
 from nyscli.models.hf_import import (
-    checkpoint_folder,
+    check_checkpoint_spec,
     import_bert,
     is_checkpoint_spec,
-    names_local_folder,
 )
 from nyscli.models.pretrained import CONFIG_FILE, EXPECTED, load_pretrained, resolve_pretrained
 from nyscli.text.tokenizer import WordPieceTokenizer
@@ -56,8 +55,8 @@ def check_init(value: str, option: str = "init") -> None:
     """Cheap check of a checkpoint spec: a nys folder, ``minilm`` or ``hf:<folder or hub id>``."""
     if not is_checkpoint_spec(value):
         pretrained_folder(value, option)
-    elif names_local_folder(value):
-        checkpoint_folder(value, option)  # hub ids are only fetched when the run starts
+    else:
+        check_checkpoint_spec(value, option)
 
 
 def pretrained_folder(value: str, option: str) -> Path:

