@@ -295,3 +295,45 @@ def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     row = pd.read_csv(next((tmp_path / "outputs" / "finetune").rglob("results.csv"))).iloc[0]
     assert row["attention"].startswith("nystrom-4") and row["steps"] == 2
+
+
+def test_checkpoint_source_captures_what_the_cores_read(tmp_path) -> None:
+    from nyscli.approx import sources
+
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    text = "the film was very good , not dull . " * 3
+    layers = sources.checkpoint(f"hf:{folder}", text, 12, 2)
+    imported = import_bert(f"hf:{folder}", {"name": "softmax"})
+    ids = [
+        imported.tokenizer.cls_id,
+        *imported.tokenizer.encode(text)[:10],
+        imported.tokenizer.sep_id,
+    ]
+    first = imported.encoder.encoder.embeddings(
+        torch.tensor([ids]), torch.ones(1, 12, dtype=torch.bool)
+    )[0]
+    q, k, v = imported.encoder.encoder.blocks[0].attention.split_heads(first)
+    assert len(layers) == 2 and layers[0].q.shape == (2, 2, 12, 8)
+    assert torch.allclose(layers[0].q[:1], q, atol=1e-6) and torch.allclose(
+        layers[0].v[:1], v, atol=1e-6
+    )
+    assert layers[1].key_padding_mask.all() and layers[1].key_padding_mask.shape == (2, 12)
+        2,
+        12,
+    )
+    with pytest.raises(UserInputError, match="position table"):
+        sources.checkpoint(f"hf:{folder}", text, 64, 2)
+
+
+def test_approx_error_source_checkpoint_end_to_end(run_nys, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    text = tmp_path / "t.txt"
+    text.write_text("the plot was fun , the acting was great . " * 8)
+    done = run_nys("approx-error", "source=checkpoint", f"checkpoint=hf:{folder}",
+                   f"text_path={text}", "seq_len=32", "landmarks=[4,8]", "plots=false",
+                   "methods=[nystrom]", "baselines=[uniform]", "threads=1")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    df = pd.read_csv(next(tmp_path.rglob("results.csv")))
+    assert set(df["layer"]) == {0, 1} and (df["source"] == "checkpoint").all()
+    refused = run_nys("approx-error", "source=checkpoint")
+    assert refused.returncode == 2 and "needs checkpoint=" in refused.stdout

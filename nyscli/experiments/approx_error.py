@@ -25,6 +25,7 @@ from nyscli.approx.sample_text import SAMPLE_TEXT
 from nyscli.approx.summary import summarise
 from nyscli.attention import AttentionConfigError, available, build_attention
 from nyscli.errors import UserInputError
+from nyscli.models.hf_import import check_checkpoint_spec, is_checkpoint_spec
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 SYNTHETIC_SEQ_LEN = 4096
@@ -59,7 +60,8 @@ def seq_len(cfg: DictConfig) -> int:
     """n: ``seq_len``, or the source's default (4096 synthetic, 512 minilm)."""
     if cfg.seq_len is not None:
         return int(cfg.seq_len)
-    return sources.MINILM_MAX_TOKENS if cfg.source == "minilm" else SYNTHETIC_SEQ_LEN
+    real = cfg.source in ("minilm", "checkpoint")
+    return sources.MINILM_MAX_TOKENS if real else SYNTHETIC_SEQ_LEN
 
 
 def resolve_device(name: str) -> torch.device:
@@ -71,8 +73,11 @@ def resolve_device(name: str) -> torch.device:
 def validate(cfg: DictConfig) -> None:
     """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
     _one_of("source", cfg.source, sources.SOURCES)
-    if cfg.source == "checkpoint":
-        raise UserInputError(sources.CHECKPOINT_ERROR)
+    if cfg.source == "checkpoint" and not cfg.get("checkpoint"):
+        raise UserInputError(
+            "source=checkpoint needs checkpoint=<minilm | hf:<folder or hub id> | nys pretrain "
+            "folder | nys finetune run folder>"
+        )
     _positive(cfg, "seq_len", integer=True, allow_null=True)
     for key in ("head_dim", "heads", "max_sequences", "svd_max_seq_len"):
         _positive(cfg, key, integer=True)
@@ -120,6 +125,14 @@ def validate(cfg: DictConfig) -> None:
         build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from None
+    if cfg.source == "checkpoint":
+        if cfg.text_path is not None and not Path(cfg.text_path).is_file():
+            raise UserInputError(f"text_path={cfg.text_path} is not a readable file")
+        spec = str(cfg.checkpoint)
+        if is_checkpoint_spec(spec):
+            check_checkpoint_spec(spec, "checkpoint")
+        elif not Path(spec).expanduser().is_dir():
+            raise UserInputError(f"checkpoint={spec} is not a folder, minilm or hf:<...>")
     if cfg.source == "minilm":
         if seq_len(cfg) > sources.MINILM_MAX_TOKENS:
             raise UserInputError(
@@ -143,6 +156,8 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
     text = SAMPLE_TEXT if cfg.text_path is None else Path(cfg.text_path).read_text("utf-8")
+    if cfg.source == "checkpoint":
+        return sources.checkpoint(str(cfg.checkpoint), text, n, cfg.max_sequences)
     return sources.minilm(text, n, cfg.max_sequences)
 
 
@@ -220,7 +235,7 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     df.insert(0, "source", cfg.source)
     df.insert(1, "seq_len", n)
     df.insert(2, "head_dim", d)
-    synthetic = cfg.source != "minilm"
+    synthetic = cfg.source not in ("minilm", "checkpoint")
     df["scale"] = cfg.scale if synthetic else math.nan
     df["correlation_length"] = cfg.correlation_length if cfg.source == "smooth" else math.nan
     df["dtype"] = cfg.dtype

@@ -44,7 +44,6 @@ from nyscli.experiments.finetune_model import (
     StartingPoint,
     check_init,
     current_overrides,
-    names_attention,
     pretrained_folder,
     selected_attention,
     starting_point,
@@ -60,6 +59,7 @@ from nyscli.experiments.finetune_tasks import (
 )
 from nyscli.experiments.training import check_attention, check_device, run_context, start_run
 from nyscli.models.bert_classifier import BertClassifier
+from nyscli.models.checkpoints import names_attention
 from nyscli.models.hf_import import is_checkpoint_spec
 from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve

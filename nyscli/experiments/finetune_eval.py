@@ -30,7 +30,6 @@ from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.finetune_model import (
     current_overrides,
-    names_attention,
     selected_attention,
     starting_point,
 )
@@ -44,6 +43,7 @@ from nyscli.experiments.finetune_tasks import (
 )
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
+from nyscli.models.checkpoints import names_attention
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (

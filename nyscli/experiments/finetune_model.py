@@ -100,12 +100,6 @@ def current_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def names_attention(overrides: list[str]) -> bool:
-    """True if ``overrides`` choose an attention (``attention=x`` or ``attention.k=v``)."""
-    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
-    return any(key.split(".", 1)[0] == "attention" for key in keys)
-
-
 def selected_attention(cfg: DictConfig, selected: bool) -> dict[str, Any] | None:
     """``cfg.attention`` as a dict if the command line ``selected`` one, else None."""
     return OmegaConf.to_container(cfg.attention, resolve=True) if selected else None  # type: ignore[return-value]
