@@ -318,9 +318,6 @@ def test_checkpoint_source_captures_what_the_cores_read(tmp_path) -> None:
         layers[0].v[:1], v, atol=1e-6
     )
     assert layers[1].key_padding_mask.all() and layers[1].key_padding_mask.shape == (2, 12)
-        2,
-        12,
-    )
     with pytest.raises(UserInputError, match="position table"):
         sources.checkpoint(f"hf:{folder}", text, 64, 2)
 
