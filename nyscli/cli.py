@@ -243,7 +243,7 @@ def report(
     if out is None and len(paths) == 1 and paths[0].is_dir():
         out = paths[0] / "summary.csv"
     try:
-        show_report(paths, out)
+        show_report(paths, out, figures=out.parent if out is not None else None)
     except UserInputError as error:
         console.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

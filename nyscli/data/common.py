@@ -65,6 +65,37 @@ def require_file(path: Path, what: str, option: str = "data.path") -> Path:
 
 
 @contextlib.contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on the shared console for a slow data step; yields ``advance(k)``.
+
+    Disappears when done (the caller logs what was made); on a non-terminal it stays quiet.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from nyscli.report.console import console
+
+    bar = Progress(
+        TextColumn("[bold]{task.description}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda k: bar.advance(task, k)
+
+
+@contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp file next to ``path``; on success ``os.replace`` it onto ``path``.
 
@@ -230,7 +261,11 @@ class ClassificationCollate:
 
 @dataclass(frozen=True)
 class TaskData:
-    """What a trainer needs for one task: three splits, vocabulary/class sizes and a collate."""
+    """What a trainer needs for one task: three splits, vocabulary/class sizes and a collate.
+
+    ``dataset`` names the data actually read (e.g. ``CIFAR-10``); a stand-in for the
+    benchmark's own data says "substitute" in it, and reports show it as given.
+    """
 
     train: Dataset
     val: Dataset
@@ -238,6 +273,7 @@ class TaskData:
     vocab_size: int
     num_classes: int
     collate: Callable[[Sequence[Any]], tuple[torch.Tensor, ...]]
+    dataset: str = ""
 
     @classmethod
     def from_splits(
@@ -246,9 +282,12 @@ class TaskData:
         vocab_size: int,
         num_classes: int,
         collate: Callable[[Sequence[Any]], tuple[torch.Tensor, ...]],
+        dataset: str = "",
     ) -> TaskData:
         """From ``{"train": ..., "val": ..., "test": ...}``."""
-        return cls(sets["train"], sets["val"], sets["test"], vocab_size, num_classes, collate)
+        return cls(
+            sets["train"], sets["val"], sets["test"], vocab_size, num_classes, collate, dataset
+        )
 
 
 SPLITS = ("train", "val", "test")

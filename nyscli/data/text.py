@@ -12,6 +12,9 @@ Sources (``source`` argument of :func:`load_imdb` / :func:`read_imdb`):
 * ``"imdb"`` or ``"hf:imdb"`` (when no such local path exists): Hugging Face ``datasets``
   (needs the package and network access on first use).
 
+With no source given, :func:`default_imdb_source` takes the IMDB CSV of ``../shared/data``
+beside the checkout when it is there (this project's machines and CI), else ``"imdb"``.
+
 Encoding: UTF-8 bytes, id = byte + 1 (``BYTE_OFFSET``), 0 = padding, vocabulary 257, as
 LRA's ``ByteTextEncoder``. Texts are cut to ``max_len`` bytes (default 4000; the official
 LRA code uses 1000 for this task). As in LRA, the test set doubles as the validation set
@@ -40,6 +43,9 @@ NUM_CLASSES = 2
 EXPECTED = "an aclImdb folder or a CSV with columns review,sentiment"
 SENTIMENTS = {"positive": 1, "pos": 1, "1": 1, "negative": 0, "neg": 0, "0": 0}
 HF_NAMES = ("imdb", "hf:imdb")
+# Relative to the checkout's parent (this project's machines keep ../shared beside it).
+SHARED_IMDB = Path("shared/data/imdb/aclImdb_v1_labeled.csv.gz")
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 Split = tuple[list[bytes], np.ndarray]  # texts (n,), labels (n,) int64
 
@@ -130,6 +136,12 @@ def read_imdb_hf(name: str = "imdb") -> dict[str, Split]:
     }
 
 
+def default_imdb_source(checkout: Path = CHECKOUT) -> str:
+    """``<checkout>/../shared/data/imdb/aclImdb_v1_labeled.csv.gz`` if it exists, else ``imdb``."""
+    path = checkout.parent / SHARED_IMDB
+    return str(path) if path.is_file() else "imdb"
+
+
 def read_imdb(
     source: str | os.PathLike[str], test_fraction: float = 0.5, seed: int = 0
 ) -> dict[str, Split]:
@@ -186,4 +198,5 @@ def load_imdb(
         vocab_size=BYTE_VOCAB_SIZE,
         num_classes=NUM_CLASSES,
         collate=ClassificationCollate(max_len, PAD_ID, pad_to_max_len),
+        dataset="IMDB",
     )

@@ -354,7 +354,7 @@ def render(df: pd.DataFrame) -> RenderableType:
     return Group(*parts)
 
 
-def report_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
     """``deployment.png`` in ``folder`` when the rows include evaluate-only runs."""
     if "mode" not in df or not (df["mode"] == "eval_only").any():
         return []

@@ -21,11 +21,14 @@ from rich.table import Table
 
 from nyscli.errors import UserInputError
 from nyscli.experiments.bench import row_label
+from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
     TASKS,
+    check_source,
     classification_objective,
     load_task,
+    trivial_baseline,
 )
 from nyscli.experiments.training import check_attention, check_device, run_context, start_run
 from nyscli.models import POOLINGS, build_classifier
@@ -39,13 +42,12 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
+    reset_peak_memory,
 )
 
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "learning_curve.png"
-PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 41.58,
-                 "pathfinder": 70.94}  # fmt: skip
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -69,6 +71,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
         raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_source(cfg.task)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 
@@ -97,14 +100,19 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     settings = trainer_config(cfg)
     device, resume_from = start_run(cfg, "lra", run_dir, _same_setup(cfg))
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, cfg.data_cache)
+        data = load_task(cfg.task, cfg.data_cache, cfg.threads)
+    baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
-        "task %s: %d train / %d dev / %d test examples",
+        "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
         cfg.task.name,
+        data.dataset,
         len(data.train),
         len(data.val),
         len(data.test),
+        baseline,
+        100 * rule_accuracy,
     )
     model = build_classifier(
         vocab_size=data.vocab_size,
@@ -136,8 +144,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
     row: dict[str, Any] = {
         "task": cfg.task.name,
+        "dataset": data.dataset,
         "attention": label,
         "test_accuracy": test["accuracy"],
+        "trivial_rule": baseline,
+        "rule_accuracy": rule_accuracy,
         "test_loss": test["loss"],
         "best_dev_accuracy": fit.best_value,
         "best_step": fit.best_step,
@@ -162,50 +173,27 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def _runs_table(df: pd.DataFrame) -> Table:
     columns = [
         ("task", lambda r: str(r.task)),
+        ("data", lambda r: str(getattr(r, "dataset", "") or "")),
         ("attention", lambda r: str(r.attention)),
         ("test %", lambda r: pct(r.test_accuracy)),
+        ("rule %", lambda r: pct(getattr(r, "rule_accuracy", math.nan))),
         ("dev %", lambda r: pct(r.best_dev_accuracy)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    return rows_table("LRA runs", df, columns, {"task", "attention"})
-
-
-def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: str) -> Table:
-    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average."""
-    tasks = [t for t in TASKS if t in set(df.task)]
-    pivot = df.pivot_table(index="attention", columns="task", values=column, aggfunc="mean")
-    table = Table(title=title, title_justify="left")
-    table.add_column("attention", style="bold")
-    for task in tasks:
-        table.add_column(task, justify="right")
-    table.add_column("avg", justify="right")
-    for attention, values in pivot.iterrows():
-        cells = [values.get(t) for t in tasks]
-        present = [v for v in cells if pd.notna(v)]
-        avg = sum(present) / len(present) if present else math.nan
-        shown = [("" if pd.isna(v) else format(scale * v, fmt)) for v in cells]
-        note = "" if len(present) == len(tasks) else "*"
-        table.add_row(
-            str(attention), *shown, ("" if pd.isna(avg) else format(scale * avg, fmt)) + note
-        )
-    return table
+    return rows_table("LRA runs", df, columns, {"task", "data", "attention"})
 
 
 def render(df: pd.DataFrame) -> RenderableType:
-    """One table of runs; with more than one run also the Table-3 layout (accuracy, tokens/s)."""
+    """One table of runs; with more than one run also Table 3 (lra_table)."""
     parts: list[RenderableType] = [_runs_table(df)]
     if len(df) > 1:
-        parts.append(
-            _pivot_table(
-                df,
-                "test_accuracy",
-                "Test accuracy (%) — Table 3 layout; * = average over the tasks present",
-                100.0,
-                ".2f",
-            )
-        )
-        parts.append(_pivot_table(df, "tokens_per_s", "Training tokens/s", 1.0, ",.0f"))
+        parts.append(render_table3(df))
     return Group(*parts)
+
+
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """``table3.csv`` and a learning-curve PNG per task, for a sweep or ``nys report``."""
+    return write_table3(df, folder)
