@@ -194,7 +194,8 @@ def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     exact = rows[rows.budget.isna()]
-    for label, group in rows[rows.budget.notna()].groupby(["attention_name", "landmarks"]):
+    budgeted = rows[rows.budget.notna()].fillna({"landmarks": ""})
+    for label, group in budgeted.groupby(["attention_name", "landmarks"]):
         name = label[0] if not label[1] else f"{label[0]} ({label[1]})"
         group = group.sort_values("budget")
         ax.plot(group.budget, 100 * group.accuracy, marker="o", label=name)
