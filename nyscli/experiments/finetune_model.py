@@ -1,5 +1,10 @@
-"""The encoder and tokenizer a fine-tuning run starts from: a ``nys pretrain`` checkpoint or
-fresh weights (``init=scratch``), with the position table grown to the task's ``max_len``.
+"""The encoder and tokenizer a fine-tuning run starts from: a ``nys pretrain`` checkpoint, an
+imported BERT checkpoint (``init=minilm``, ``init=hf:<folder or hub id>``) or fresh weights
+(``init=scratch``), with the position table grown to the task's ``max_len``.
+
+A checkpoint keeps the attention it was trained with (an imported one: softmax) unless the
+command line selects one (``attention=...`` or ``attention.<key>=...``): then that attention
+replaces it, weights unchanged (attention surgery).
 
 ``init=scratch`` takes its architecture from the ``model`` and ``attention`` groups and its
 vocabulary from ``scratch.tokenizer``; with ``scratch.like=<pretrained folder>`` it takes
@@ -13,13 +18,20 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 from nyscli.errors import UserInputError
 from nyscli.experiments.pretrain import bert_config
-from nyscli.models.bert import BertConfig, BertEncoder
+from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
+from nyscli.models.hf_import import (
+    check_checkpoint_spec,
+    import_bert,
+    is_checkpoint_spec,
+)
 from nyscli.models.pretrained import CONFIG_FILE, EXPECTED, load_pretrained, resolve_pretrained
 from nyscli.text.tokenizer import WordPieceTokenizer
 
@@ -34,8 +46,17 @@ class StartingPoint:
 
     encoder: BertEncoder
     tokenizer: WordPieceTokenizer
-    source: str  # "scratch" or the checkpoint folder
+    source: str  # "scratch", the checkpoint folder, or minilm / hf:<...>
     extended_from: int | None = None
+    pooler: dict[str, Tensor] | None = None  # an imported checkpoint's pooler weights
+
+
+def check_init(value: str, option: str = "init") -> None:
+    """Cheap check of a checkpoint spec: a nys folder, ``minilm`` or ``hf:<folder or hub id>``."""
+    if not is_checkpoint_spec(value):
+        pretrained_folder(value, option)
+    else:
+        check_checkpoint_spec(value, option)
 
 
 def pretrained_folder(value: str, option: str) -> Path:
@@ -43,7 +64,8 @@ def pretrained_folder(value: str, option: str) -> Path:
     folder = resolve_pretrained(Path(value))
     if not (folder / CONFIG_FILE).is_file():
         raise UserInputError(
-            f"{option}={value} is not a pretrained checkpoint; expected {SCRATCH} or {EXPECTED}"
+            f"{option}={value} is not a pretrained checkpoint; expected {SCRATCH}, minilm, "
+            f"hf:<folder or hub id> or {EXPECTED}"
             if option == "init"
             else f"{option}={value} is not a pretrained checkpoint; expected {EXPECTED}"
         )
@@ -71,15 +93,39 @@ def scratch_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
     return dataclasses.replace(config, max_len=max(config.max_len, int(cfg.task.max_len)))
 
 
-def starting_point(cfg: DictConfig) -> StartingPoint:
-    """The encoder (positions covering ``task.max_len``) and tokenizer of ``cfg.init``."""
+def current_overrides() -> list[str]:
+    """The running job's command-line overrides (empty outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def selected_attention(cfg: DictConfig, selected: bool) -> dict[str, Any] | None:
+    """``cfg.attention`` as a dict if the command line ``selected`` one, else None."""
+    return OmegaConf.to_container(cfg.attention, resolve=True) if selected else None  # type: ignore[return-value]
+
+
+def starting_point(cfg: DictConfig, attention: dict[str, Any] | None = None) -> StartingPoint:
+    """The encoder (positions covering ``task.max_len``) and tokenizer of ``cfg.init``.
+
+    ``attention``: the core that replaces a checkpoint's own (None keeps it); scratch models
+    always take ``cfg.attention``.
+    """
     max_len = int(cfg.task.max_len)
-    if str(cfg.init) != SCRATCH:
-        encoder, tokenizer = load_pretrained(pretrained_folder(str(cfg.init), "init"))
+    init = str(cfg.init)
+    if init != SCRATCH:
+        pooler = None
+        if is_checkpoint_spec(init):
+            imported = import_bert(init, attention or {"name": "softmax"})
+            encoder, tokenizer, pooler = imported.encoder, imported.tokenizer, imported.pooler
+        else:
+            encoder, tokenizer = load_pretrained(pretrained_folder(init, "init"))
+            if attention is not None:
+                encoder = with_attention(encoder, attention)
         trained_len = encoder.config.max_len
         extend_positions(encoder, max_len)
         extended = trained_len if max_len > trained_len else None
-        return StartingPoint(encoder.train(), tokenizer, str(cfg.init), extended)
+        return StartingPoint(encoder.train(), tokenizer, init, extended, pooler)
     like = cfg.scratch.like
     if like:
         folder = pretrained_folder(str(like), "scratch.like")

@@ -46,6 +46,12 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert import BertConfig, BertForPretraining
+from nyscli.models.hf_import import (
+    ImportedBert,
+    check_checkpoint_spec,
+    import_bert,
+    is_checkpoint_spec,
+)
 from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
@@ -116,6 +122,13 @@ def validate(cfg: DictConfig) -> None:
             raise UserInputError(
                 f"data.path={path} does not exist; expected a folder of .txt/.jsonl documents"
             )
+    init = str(cfg.get("init", "scratch"))
+    if init != "scratch":
+        if not is_checkpoint_spec(init):
+            raise UserInputError(
+                f"init={init} is not allowed; use scratch, minilm or hf:<folder or hub id>"
+            )
+        check_checkpoint_spec(init)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 
@@ -128,11 +141,31 @@ def model_name() -> str:
         return "custom"
 
 
-def _load_data(cfg: DictConfig) -> PretrainingData:
+def _load_data(cfg: DictConfig, imported: ImportedBert | None) -> PretrainingData:
+    """The corpus as pairs; an imported checkpoint brings its vocab.txt and position count."""
+    tokenizer, max_len = cfg.tokenizer, int(cfg.model.max_len)
+    if imported is not None:
+        tokenizer = OmegaConf.create(
+            {"kind": "vocab_file", "path": str(imported.folder / "vocab.txt")}
+        )
+        max_len = imported.encoder.config.max_len
     try:
-        return prepare_pretraining(cfg.data, cfg.tokenizer, int(cfg.model.max_len), cfg.data_cache)
+        return prepare_pretraining(cfg.data, tokenizer, max_len, cfg.data_cache)
     except DataError as error:
         raise UserInputError(str(error)) from error
+
+
+def pretraining_model(imported: ImportedBert) -> BertForPretraining:
+    """MLM + SOP model on an imported encoder: its MLM head and pooler (SOP's dense layer)
+    when the checkpoint has them, else fresh ones (the MLM decoder is always tied to the
+    token embeddings)."""
+    model = BertForPretraining(imported.encoder.config)
+    model.bert.load_state_dict(imported.encoder.state_dict())
+    if imported.mlm is not None:
+        model.mlm.load_state_dict(imported.mlm)
+    if imported.pooler is not None:
+        model.sop.pooler.load_state_dict(imported.pooler)
+    return model.train()
 
 
 def _most_frequent_token(data: PretrainingData) -> int:
@@ -146,8 +179,14 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     settings = fit_schedule(trainer_config(cfg), run_dir)
     device, plan = start_run(cfg, run_dir)
+    imported = None
+    if str(cfg.get("init", "scratch")) != "scratch":
+        imported = import_bert(str(cfg.init), OmegaConf.to_container(cfg.attention, resolve=True))
+        log.info(
+            "init=%s: continued pre-training with %s", cfg.init, row_label(dict(cfg.attention))
+        )
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
-        data = _load_data(cfg)
+        data = _load_data(cfg, imported)
     tokenizer = data.tokenizer
     log.info(
         "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
@@ -159,7 +198,10 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         float(data.train.lengths.mean()),
         tokenizer.vocab_size,
     )
-    model = BertForPretraining(bert_config(cfg, tokenizer.vocab_size))
+    if imported is None:
+        model = BertForPretraining(bert_config(cfg, tokenizer.vocab_size))
+    else:
+        model = pretraining_model(imported)
     collate = PretrainCollate.for_tokenizer(tokenizer, float(cfg.mlm_probability))
     train = ShuffledBatches(
         data.train,
@@ -193,7 +235,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         model.load_state_dict(load_checkpoint(best, device)["model"])
         pretrained = save_pretrained(run_dir / PRETRAINED_DIR, model.bert.cpu(), tokenizer)
         log.info("pre-trained encoder (step %s): %s", fit.best_step, pretrained)
-    name = model_name()
+    name = model_name() if imported is None else str(cfg.init)
     label = row_label(OmegaConf.to_container(cfg.attention, resolve=True))
     metrics = pd.read_csv(run_dir / METRICS_FILE)
     pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", baseline)
@@ -219,7 +261,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "val_pairs": len(data.val),
         "mean_tokens": float(data.train.lengths.mean()) + 3,
         "vocab_size": tokenizer.vocab_size,
-        "max_len": int(cfg.model.max_len),
+        "max_len": model.config.max_len,
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
         **run_context(cfg, settings, device, plan),

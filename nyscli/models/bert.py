@@ -33,6 +33,9 @@ class BertConfig:
     dropout: float = 0.1
     attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
     type_vocab_size: int = 2
+    norm: str = "pre"  # pre (nys pretrain's bert_*) | post (imported BERT checkpoints)
+    layer_norm_eps: float = 1e-5
+    activation: str = "gelu"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (``attention`` copied into a dict)."""
@@ -63,6 +66,9 @@ class BertConfig:
             dropout=self.dropout,
             attention=dict(self.attention),
             type_vocab_size=self.type_vocab_size,
+            norm=self.norm,
+            layer_norm_eps=self.layer_norm_eps,
+            activation=self.activation,
         )
 
 
@@ -86,16 +92,51 @@ class BertEncoder(nn.Module):
         return self.encoder.embeddings.tokens
 
 
+# Parameters an attention variant brings itself (Linformer's projections, the Nyström conv
+# skip): a checkpoint trained with another attention has none, so they keep their fresh init.
+ATTENTION_OWN = (".attention.core.", ".attention.conv_skip.")
+
+
+def is_attention_own(key: str) -> bool:
+    """True for a state-dict key that belongs to an attention variant's own parameters."""
+    return any(part in key for part in ATTENTION_OWN)
+
+
+def load_across_attention(module: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
+    """Load ``state`` into ``module`` whose attention may differ from the one it was saved with.
+
+    Only the attention variants' own parameters may be missing or left over (returned, sorted);
+    anything else that does not fit raises ValueError naming up to three keys.
+    """
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    wrong = [k for k in (*missing, *unexpected) if not is_attention_own(k)]
+    if wrong:
+        raise ValueError(f"weights do not fit the model ({', '.join(wrong[:3])})")
+    return sorted((*missing, *unexpected))
+
+
+def with_attention(encoder: BertEncoder, attention: Mapping[str, Any]) -> BertEncoder:
+    """A copy of ``encoder`` with ``attention`` as its core (attention surgery), same weights.
+
+    The new variant's own parameters (if any) keep their fresh init; the result is in the
+    same train/eval mode as ``encoder``.
+    """
+    config = dataclasses.replace(encoder.config, attention=dict(attention))
+    swapped = BertEncoder(config)
+    load_across_attention(swapped, encoder.state_dict())
+    return swapped.train(encoder.training)
+
+
 class MaskedLMHead(nn.Module):
     """hidden (..., dim), decoder (V, dim) -> logits (..., V): dense + GELU + LayerNorm, decoder.
 
     The decoder weight is passed in (the token embedding table: tied), the bias is its own.
     """
 
-    def __init__(self, dim: int, vocab_size: int) -> None:
+    def __init__(self, dim: int, vocab_size: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.dense = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, hidden: Tensor, decoder: Tensor) -> Tensor:
@@ -125,7 +166,7 @@ class BertForPretraining(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.bert = BertEncoder(config)
-        self.mlm = MaskedLMHead(config.dim, config.vocab_size)
+        self.mlm = MaskedLMHead(config.dim, config.vocab_size, config.layer_norm_eps)
         self.sop = SentenceOrderHead(config.dim)
         init_std = self.bert.encoder.config.init_std
         for module in (self.mlm.dense, self.sop.pooler, self.sop.classifier):

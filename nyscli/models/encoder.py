@@ -1,9 +1,14 @@
-"""A pre-LN Transformer encoder whose self-attention is any core from ``nyscli.attention``.
+"""A Transformer encoder whose self-attention is any core from ``nyscli.attention``.
 
-Layout as in the Nyströmformer LRA code (``mlpen/Nystromformer``, ``LRA/code/model.py``):
-token + learned position embeddings, dropout, then per block
-``x = x + drop(attn(LN(x)))`` and ``x = x + drop(W2 drop(gelu(W1 LN(x))))``, a final LayerNorm,
-and padded positions zeroed in the output.
+``norm="pre"`` (default) is the layout of the Nyströmformer LRA code (``mlpen/Nystromformer``,
+``LRA/code/model.py``): token + learned position embeddings, dropout, then per block
+``x = x + drop(attn(LN(x)))`` and ``x = x + drop(W2 drop(act(W1 LN(x))))``, a final LayerNorm.
+
+``norm="post"`` is original BERT's (and every BERT-family checkpoint's, see
+``nyscli.models.hf_import``): embeddings -> LayerNorm -> dropout, then per block
+``x = LN(x + drop(attn(x)))`` and ``x = LN(x + drop(W2 drop(act(W1 x))))``, no final norm.
+
+Either way padded positions are zeroed in the output.
 """
 
 from __future__ import annotations
@@ -33,6 +38,30 @@ class EncoderConfig:
     cls_token: bool = False  # prepend a learned [CLS] vector (for CLS pooling)
     init_std: float = 0.02
     type_vocab_size: int = 0  # > 0: add segment embeddings (BERT's sentence A/B); 0 = none
+    norm: str = "pre"  # pre | post (LayerNorm placement, see the module docstring)
+    layer_norm_eps: float = 1e-5  # BERT checkpoints: 1e-12
+    activation: str = "gelu"  # FFN activation: one of ACTIVATIONS
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(
+                f"norm={self.norm!r} is not allowed; choose one of: {', '.join(NORMS)}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation={self.activation!r} is not allowed; choose one of: "
+                f"{', '.join(ACTIVATIONS)}"
+            )
+
+
+NORMS = ("pre", "post")
+# Hugging Face's hidden_act names: "gelu" is the exact (erf) GELU, the others its tanh form.
+ACTIVATIONS = {
+    "gelu": lambda: nn.GELU(),
+    "gelu_new": lambda: nn.GELU(approximate="tanh"),
+    "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": lambda: nn.ReLU(),
+}
 
 
 class Embeddings(nn.Module):
@@ -51,6 +80,8 @@ class Embeddings(nn.Module):
         self.segments = (
             nn.Embedding(cfg.type_vocab_size, cfg.dim) if cfg.type_vocab_size > 0 else None
         )
+        post = cfg.norm == "post"
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps) if post else None
 
     def forward(
         self, ids: Tensor, mask: Tensor, segments: Tensor | None = None
@@ -74,17 +105,19 @@ class Embeddings(nn.Module):
                 f"{self.positions.num_embeddings}"
             )
         x = x + self.positions(torch.arange(n, device=ids.device))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x), mask
 
 
 class FeedForward(nn.Module):
-    """(B, n, dim) -> (B, n, dim): Linear -> GELU -> dropout -> Linear -> dropout."""
+    """(B, n, dim) -> (B, n, dim): Linear -> activation -> dropout -> Linear -> dropout."""
 
-    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+    def __init__(self, dim: int, hidden: int, dropout: float, activation: str = "gelu") -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
-            nn.GELU(),
+            ACTIVATIONS[activation](),
             nn.Dropout(dropout),
             nn.Linear(hidden, dim),
             nn.Dropout(dropout),
@@ -95,17 +128,21 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LN block: (B, n, dim), mask (B, n) -> (B, n, dim)."""
+    """One pre-LN or post-LN block: (B, n, dim), mask (B, n) -> (B, n, dim)."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.post = cfg.norm == "post"
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
         self.attention = MultiHeadAttention(cfg.dim, cfg.num_heads, cfg.attention)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.norm2 = nn.LayerNorm(cfg.dim)
-        self.ffn = FeedForward(cfg.dim, cfg.ffn_dim, cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg.dim, cfg.ffn_dim, cfg.dropout, cfg.activation)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        if self.post:
+            x = self.norm1(x + self.dropout(self.attention(x, mask)))
+            return self.norm2(x + self.ffn(x))
         x = x + self.dropout(self.attention(self.norm1(x), mask))
         return x + self.ffn(self.norm2(x))
 
@@ -118,7 +155,8 @@ class Encoder(nn.Module):
         self.config = cfg
         self.embeddings = Embeddings(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = nn.LayerNorm(cfg.dim)
+        # Post-LN blocks end in a LayerNorm already; a pre-LN stack needs a final one.
+        self.norm = nn.LayerNorm(cfg.dim) if cfg.norm == "pre" else nn.Identity()
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -1,0 +1,228 @@
+"""``nys finetune eval_only=<finetune run folder>``: direct deployment, no training.
+
+The fine-tuned classifier of that run (its ``checkpoints/best.pt``, else ``last.pt``) is
+rebuilt from the run's own config (init, task, max_len, seed, data) and evaluated with the
+attention the command line selects swapped in (none selected: the attention it was trained
+with). Only ``task.test_examples``, ``data.dir``, ``threads``, ``device`` and
+``trainer.eval_batch_size`` may differ from the run; IMDB reports the (seeded) test subset,
+GLUE its dev splits. A sweep such as
+``nys finetune -m eval_only=<run> attention=nystrom attention.num_landmarks=16,32,64``
+gives one row per attention; ``nys report <sweep>`` draws ``deployment.png`` (accuracy vs
+budget per attention, with the run's own attention as the reference line).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from rich.table import Table
+from torch.utils.data import Subset
+
+from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
+from nyscli.errors import UserInputError
+from nyscli.experiments.bench import row_label
+from nyscli.experiments.finetune_model import (
+    current_overrides,
+    selected_attention,
+    starting_point,
+)
+from nyscli.experiments.finetune_tasks import (
+    ClassificationObjective,
+    dev_splits,
+    load_examples,
+    metric_names,
+    num_classes,
+    seeded_subset,
+)
+from nyscli.models.bert import load_across_attention
+from nyscli.models.bert_classifier import BertClassifier
+from nyscli.models.checkpoints import names_attention
+from nyscli.report.plots import plt, save_figure
+from nyscli.report.tables import pct, rows_table
+from nyscli.train import (
+    BEST,
+    CHECKPOINT_DIR,
+    LAST,
+    Trainer,
+    TrainerConfig,
+    eval_batches,
+    load_checkpoint,
+    peak_memory_mb,
+    resolve_device,
+)
+
+DEPLOYMENT_PLOT = "deployment.png"
+# Keys of the current command line that may differ from the evaluated run's config.
+OWN_KEYS = ("task.test_examples", "data.dir")
+
+
+def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
+    """The config and overrides of the finetune run in ``folder``; one-line errors if none."""
+    folder = Path(folder).expanduser()
+    config_file = folder / ".hydra" / "config.yaml"
+    if not config_file.is_file():
+        raise UserInputError(
+            f"eval_only={folder} is not a run folder; expected a nys finetune run (.hydra/)"
+        )
+    cfg = OmegaConf.load(config_file)
+    if cfg.get("command") != "finetune":
+        raise UserInputError(
+            f"eval_only={folder} is a {cfg.get('command')} run; expected a nys finetune run"
+        )
+    if not any((folder / CHECKPOINT_DIR / name).is_file() for name in (BEST, LAST)):
+        raise UserInputError(f"eval_only={folder} has no {CHECKPOINT_DIR}/{BEST} or {LAST}")
+    overrides_file = folder / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
+    return cfg, overrides  # type: ignore[return-value]
+
+
+def majority_rate(labels: np.ndarray) -> float:
+    """Accuracy of always predicting the most common label of ``labels``."""
+    return float(np.bincount(labels).max() / len(labels)) if len(labels) else math.nan
+
+
+def _merged(cfg: DictConfig, trained: DictConfig) -> DictConfig:
+    """The run's config with the few keys this command line set itself (OWN_KEYS)."""
+    merged = OmegaConf.create(OmegaConf.to_container(trained, resolve=True))
+    given = {o.split("=", 1)[0].lstrip("+~") for o in current_overrides()}
+    for key in OWN_KEYS:
+        if key in given:
+            OmegaConf.update(merged, key, OmegaConf.select(cfg, key), force_add=True)
+    return merged
+
+
+def _evaluate(trainer: Trainer, batches: Iterable[Any]) -> dict[str, float]:
+    started = time.perf_counter()
+    summary = trainer.evaluate(batches)
+    summary["eval_s"] = time.perf_counter() - started
+    return summary
+
+
+def by_length(dataset: EncodedExamples) -> Subset:
+    """The same examples, shortest first: a whole-set evaluation then pads each batch far less
+    (IMDB at 512 tokens: random batches pad to ~512, sorted ones to about each review's own
+    length), and the accuracy does not depend on the order."""
+    return Subset(dataset, np.argsort(dataset.seqs.lengths, kind="stable").tolist())
+
+
+def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
+    """One row: the run's model with the selected attention, on its test (IMDB) or dev sets."""
+    started = time.perf_counter()
+    source = Path(str(cfg.eval_only)).expanduser()
+    trained, trained_overrides = run_config(source)
+    merged = _merged(cfg, trained)
+    task = str(merged.task.name)
+    swap = selected_attention(cfg, names_attention(current_overrides()))
+    own = selected_attention(trained, names_attention(trained_overrides))
+    start = starting_point(merged, swap or own)
+    model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
+    checkpoint = next(p for p in (source / CHECKPOINT_DIR / n for n in (BEST, LAST)) if p.is_file())
+    try:
+        load_across_attention(model, load_checkpoint(checkpoint)["model"])
+    except ValueError as error:
+        raise UserInputError(f"{checkpoint}: {error}") from None
+
+    examples = load_examples(merged.task, merged.data.dir, int(merged.seed))
+    splits = ("test",) if "test" in examples else dev_splits(task)
+    if "test" in examples:
+        examples["test"] = seeded_subset(
+            examples["test"], merged.task.get("test_examples"), int(merged.seed)
+        )
+    max_len = int(merged.task.max_len)
+    collate = PairCollate(max_len, start.tokenizer.pad_id)
+    settings = TrainerConfig.from_mapping(
+        {**OmegaConf.to_container(cfg.trainer, resolve=True), "max_steps": 1, "progress": False}
+    )
+    size = settings.eval_batch_size or int(merged.trainer.batch_size)
+    device = resolve_device(str(cfg.device))
+    objective = ClassificationObjective(f1="f1" in metric_names(task))
+    trainer = Trainer(model, objective, settings, run_dir, device, metric_names(task))
+    results: dict[str, dict[str, float]] = {}
+    for split in splits:
+        encoded = encode_examples(examples[split], start.tokenizer, max_len)
+        results[split] = _evaluate(trainer, eval_batches(by_length(encoded), size, collate))
+        results[split]["majority"] = majority_rate(encoded.labels)
+        results[split]["examples"] = len(encoded)
+        trainer.metrics.append(0, split, {k: results[split][k] for k in metric_names(task)})
+    first = results[splits[0]]
+    attention = dict(start.encoder.config.attention)
+    trained_label = row_label(own) if own else "checkpoint's own"
+    row = {
+        "task": task,
+        "mode": "eval_only",
+        "eval_of": str(source.resolve()),
+        "trained_attention": trained_label,
+        "attention": row_label(attention),
+        "attention_name": attention["name"],
+        "budget": _budget(attention),
+        "landmarks": attention.get("landmarks", ""),
+        "max_len": max_len,
+        "split": splits[0],
+        "accuracy": first["accuracy"],
+        "f1": first.get("f1", math.nan),
+        "majority_rate": first["majority"],
+        "examples": first["examples"],
+        "eval_tokens_per_s": first["tokens_per_s"],
+        "eval_s": first["eval_s"],
+        "peak_mb": peak_memory_mb(device),
+        "wall_s": time.perf_counter() - started,
+        "threads": cfg.threads,
+        "device": str(device),
+    }
+    return pd.DataFrame([row])
+
+
+def _budget(attention: dict[str, Any]) -> float:
+    """The attention's size knob (landmarks, features, projection, window); NaN for exact."""
+    for key in ("num_landmarks", "num_features", "proj_dim", "window", "num_hashes"):
+        if key in attention:
+            return float(attention[key])
+    return math.nan
+
+
+def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
+    """Accuracy vs budget per attention (lines), exact attention as a dashed reference line."""
+    rows = df[df["mode"] == "eval_only"] if "mode" in df else df.iloc[:0]
+    if rows.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    exact = rows[rows.budget.isna()]
+    budgeted = rows[rows.budget.notna()].fillna({"landmarks": ""})
+    for label, group in budgeted.groupby(["attention_name", "landmarks"]):
+        name = label[0] if not label[1] else f"{label[0]} ({label[1]})"
+        group = group.sort_values("budget")
+        ax.plot(group.budget, 100 * group.accuracy, marker="o", label=name)
+    for r in exact.itertuples():
+        ax.axhline(100 * r.accuracy, ls="--", color="black", label=f"{r.attention} (exact)")
+    majority = rows.majority_rate.iloc[0]
+    ax.axhline(100 * majority, ls=":", color="grey", label="majority class")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget (landmarks / features / projection / window)")
+    ax.set_ylabel(f"{rows.split.iloc[0]} accuracy (%)")
+    ax.set_title(f"Direct deployment: {rows.task.iloc[0]}, attention swapped, no retraining")
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_figure(fig, path)
+
+
+def deployment_table(df: pd.DataFrame) -> Table:
+    """Evaluate-only rows: accuracy per swapped-in attention beside the majority-class rate."""
+    columns = [
+        ("task", lambda r: str(r.task)),
+        ("trained with", lambda r: str(r.trained_attention)),
+        ("evaluated with", lambda r: str(r.attention)),
+        ("split", lambda r: f"{r.split} ({r.examples})"),
+        ("accuracy %", lambda r: pct(r.accuracy)),
+        ("majority %", lambda r: pct(r.majority_rate)),
+        ("eval tok/s", lambda r: f"{r.eval_tokens_per_s:,.0f}"),
+        ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
+    ]
+    df = df.sort_values(["attention_name", "landmarks", "budget"], na_position="first")
+    return rows_table("Direct deployment (no retraining)", df, columns, {"task", "attention"})
