@@ -9,22 +9,30 @@ code 2 instead of deep inside a sweep.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import traceback
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra._internal.utils import _run_hydra, get_args_parser
-from hydra.core.global_hydra import GlobalHydra
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import (
+    _run_hydra,
+    create_automatic_config_search_path,
+    get_args_parser,
+)
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nyscli.attention import AttentionConfigError
@@ -39,8 +47,10 @@ from nyscli.train import distributed
 
 log = logging.getLogger("nys")
 
-# The configs ship inside the package (nyscli/conf), so a wheel works from any directory.
-CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent / "conf"))
+# The configs ship inside the package (nyscli/conf), so a wheel works from any directory;
+# Hydra reads them as a package resource, CONF_DIR is the same folder on disk.
+CONF_SOURCE = "pkg://nyscli.conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 OUTPUT_ROOT = "outputs"
 USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
@@ -110,13 +120,37 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def config_multirun(command: str, overrides: list[str]) -> bool:
+def search_path(config_dir: str | None = None) -> ConfigSearchPath:
+    """Hydra's config search path of every command: the package's configs, and the user's
+    ``--config-dir`` folder after them (new groups and options, e.g. ``attention/mine.yaml``),
+    exactly as Hydra's own entry point adds it."""
+    path = create_automatic_config_search_path(None, None, CONF_SOURCE)
+    if config_dir is not None:
+        folder = os.path.abspath(config_dir)
+        if not os.path.isdir(folder):
+            raise UserInputError(f"--config-dir {config_dir} is not a directory")
+        path.prepend("command-line", f"file://{folder}", SearchPathQuery(provider="schema"))
+    return path
+
+
+@contextlib.contextmanager
+def composer(command: str, config_dir: str | None = None) -> Iterator[Hydra]:
+    """A Hydra instance that composes ``command``'s configs as the run will (the global one is
+    restored afterwards, as ``hydra.initialize_config_dir`` does)."""
+    hydra.version.setbase("1.3")
+    path = search_path(config_dir)
+    backup = get_gh_backup()
+    try:
+        yield Hydra.create_main_hydra2(task_name=command, config_search_path=path)
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def config_multirun(command: str, overrides: list[str], config_dir: str | None = None) -> bool:
     """Whether the composed config puts Hydra in multirun mode (every cluster preset but
     ``local`` does), exactly as Hydra decides it; missing configs raise here."""
-    with hydra.initialize_config_dir(
-        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
-    ):
-        cfg = GlobalHydra.instance().hydra.compose_config(  # type: ignore[union-attr]
+    with composer(command, config_dir) as composing:
+        cfg = composing.compose_config(
             config_name=command,
             overrides=overrides,
             run_mode=RunMode.MULTIRUN,
@@ -126,15 +160,42 @@ def config_multirun(command: str, overrides: list[str]) -> bool:
     return cfg.hydra.mode == RunMode.MULTIRUN
 
 
-def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
+def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
+    """An ``experiment=`` recipe names its command; another command's recipe is refused."""
+    made_for = cfg.get("command")
+    if made_for == command:
+        return
+    recipe = [o for o in overrides if o.lstrip("+~").startswith("experiment=")]
+    what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
+    raise UserInputError(
+        f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
+        f"{command.replace('_', '-')}; see nyscli/conf/experiment/"
+    )
+
+
+def validate_jobs(
+    command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
+) -> None:
     """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one."""
-    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    # hydra.* overrides shape the run, not the job (hydra.searchpath excepted: it finds configs).
+    task_overrides = [
+        o
+        for o in overrides
+        if not o.lstrip("+~").startswith("hydra") or o.lstrip("+~").startswith("hydra.searchpath")
+    ]
     module = experiment_module(command)
-    with hydra.initialize_config_dir(
-        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
-    ):
+    with composer(command, config_dir) as composing:
         for job in job_overrides(task_overrides, multirun):
-            module.validate(hydra.compose(config_name=command, overrides=job))
+            cfg = composing.compose_config(
+                config_name=command,
+                overrides=job,
+                run_mode=RunMode.RUN,
+                with_log_configuration=False,
+            )
+            with open_dict(cfg):
+                del cfg["hydra"]
+            _same_command(cfg, command, job)
+            module.validate(cfg)
 
 
 class Task:
@@ -207,8 +268,8 @@ def launch(command: str, arguments: list[str]) -> int:
     sweep_dir = None
     if not inspecting:
         try:
-            multirun = multirun or config_multirun(command, list(args.overrides))
-            validate_jobs(command, list(args.overrides), multirun)
+            multirun = multirun or config_multirun(command, list(args.overrides), args.config_dir)
+            validate_jobs(command, list(args.overrides), multirun, args.config_dir)
             key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
             given = _overrides_key(args.overrides, key)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
@@ -228,7 +289,7 @@ def launch(command: str, arguments: list[str]) -> int:
             args=args,
             args_parser=parser,
             task_function=Task(command),
-            config_path=str(CONF_DIR),
+            config_path=CONF_SOURCE,
             config_name=command,
         )
     except Abort as abort:
