@@ -73,7 +73,7 @@ def test_pretrain_runs_overlay_their_validation_curves_per_attention(tmp_path, f
         assert sop[f"attention={name}"] == (list(val.step), list(val.sop_accuracy))
 
 
-def test_lra_curves_are_one_figure_per_task(tmp_path, figures):
+def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
     def metrics(acc: float) -> pd.DataFrame:
         return pd.DataFrame(
             [
@@ -84,14 +84,14 @@ def test_lra_curves_are_one_figure_per_task(tmp_path, figures):
         )
 
     runs = [
-        fake_run(tmp_path / f"{task}-{att}", "lra", [f"task={task}", f"attention={att}"],
+        fake_run(tmp_path / f"{task}-{att}", "finetune", [f"task={task}", f"attention={att}"],
                  {"task": task}, metrics(acc))
-        for task, att, acc in [("listops", "softmax", 0.3), ("listops", "nystrom", 0.4),
-                               ("image", "softmax", 0.5)]
+        for task, att, acc in [("sst2", "softmax", 0.3), ("sst2", "nystrom", 0.4),
+                               ("mrpc", "softmax", 0.5)]
     ]  # fmt: skip
-    written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "s_lra")
-    assert [p.name for p in written] == ["s_lra_listops.png", "s_lra_image.png"]
-    [(_, dev), (_, train)] = figures["s_lra_listops.png"]
+    written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "s_ft")
+    assert [p.name for p in written] == ["s_ft_sst2.png", "s_ft_mrpc.png"]
+    [(_, dev), (_, train)] = figures["s_ft_sst2.png"]
     # Labelled by what differs within the task's figure.
     assert dev == {"attention=softmax": ([2], [0.3]), "attention=nystrom": ([2], [0.4])}
     assert all(y == [2.0] for _, y in train.values())
@@ -106,6 +106,7 @@ def test_report_of_an_approx_error_sweep_writes_csv_and_error_vs_budget(run_nys,
             "approx-error", *tiny, f"attention.num_landmarks={m}", baselines, f"hydra.run.dir=m{m}"
         )
         assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "nested" / "out").mkdir(parents=True)
     done = run_nys("report", "m4", "m8", "--out", "nested/out/r.csv")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "baselines=[uniform]" in done.stdout  # was printed as "baselines=" (rich markup)

@@ -23,10 +23,14 @@ from nyscli.train.metrics import METRICS_FILE
 Figure = Callable[[list[RunFolder], pd.DataFrame, Path], list[Path]]
 
 
-def show_report(paths: list[Path], out: Path | None = None) -> pd.DataFrame:
+def show_report(
+    paths: list[Path], out: Path | None = None, figures: Path | None = None
+) -> pd.DataFrame:
     """Print each command's table for the runs under ``paths``, list failed runs, and write
     the stacked results to ``out`` (if given) with each command's comparison figure beside it
-    (``<out stem>_<command>*.png``). Returns the stacked results."""
+    (``<out stem>_<command>*.png``). A command module with ``write_figures(df, folder)`` also
+    writes its own files (plots, derived tables) into ``figures`` (if given). Returns the
+    stacked results."""
     runs = [load_run(p) for p in find_run_folders(paths)]
     if not runs:
         console.print(
@@ -42,7 +46,11 @@ def show_report(paths: list[Path], out: Path | None = None) -> pd.DataFrame:
         df = aggregate(group)
         frames.append(df.assign(command=command))
         if not df.empty and command in COMMANDS:
-            console.print(experiment_module(command).render(df))
+            module = experiment_module(command)
+            console.print(module.render(df))
+            if figures is not None and hasattr(module, "write_figures"):
+                for path in module.write_figures(df, figures):
+                    console.print(f"wrote {path}", markup=False, highlight=False)
         elif not df.empty:
             console.print(df.to_string(index=False), markup=False)
     failed = [run for run in runs if not run.ok]
@@ -113,8 +121,8 @@ def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> li
 
 
 def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
-    """LRA and fine-tuning: dev accuracy and train loss against step, one line per run, one
-    figure per task (tasks do not share axes)."""
+    """Fine-tuning (LRA draws its own with Table 3, ``lra.write_figures``): dev accuracy and
+    train loss against step, one line per run, one figure per task (tasks share no axes)."""
     panels = [("val", "accuracy", "accuracy (dev)"), ("train", "loss", "loss (train)")]
     written = []
     for task, group in _by_task(runs).items():
@@ -150,7 +158,6 @@ def bench_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[
 
 FIGURES: dict[str, Figure] = {
     "pretrain": pretrain_figure,
-    "lra": learning_curves_figure,
     "finetune": learning_curves_figure,
     "approx_error": approx_error_figure,
     "bench": bench_figure,
