@@ -77,7 +77,7 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_from_any_directory(tmp_path):
     (user / "attention").mkdir(parents=True)
     (user / "attention" / "my_nystrom.yaml").write_text(USER_ATTENTION)
     tiny = ["attention_set=none", "attention=my_nystrom", "-n", "64", "--repeats", "1"]
-    tiny += ["warmup=0", "threads=1", "device=cpu", "--config-dir", str(user)]
+    tiny += ["min_repeats=1", "warmup=0", "threads=1", "device=cpu", "--config-dir", str(user)]
     done = _run([str(nys), "bench", *tiny], work)
     [run_dir] = (work / "outputs" / "bench").iterdir()  # outputs/ of the current directory
     results = pd.read_csv(run_dir / "results.csv")
