@@ -16,17 +16,24 @@ import logging
 import os
 import shutil
 import traceback
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra._internal.utils import _run_hydra, get_args_parser
-from hydra.core.global_hydra import GlobalHydra
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import (
+    _run_hydra,
+    create_automatic_config_search_path,
+    get_args_parser,
+)
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -45,8 +52,10 @@ from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
-# The configs ship inside the package (nyscli/conf), so a wheel works from any directory.
-CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent / "conf"))
+# The configs ship inside the package (nyscli/conf), so a wheel works from any directory;
+# Hydra reads them as a package resource, CONF_DIR is the same folder on disk.
+CONF_SOURCE = "pkg://nyscli.conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 OUTPUT_ROOT = "outputs"
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
@@ -127,13 +136,37 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def compose_hydra(command: str, overrides: list[str]) -> DictConfig:
+def search_path(config_dir: str | None = None) -> ConfigSearchPath:
+    """Hydra's config search path of every command: the package's configs, and the user's
+    ``--config-dir`` folder after them (new groups and options, e.g. ``attention/mine.yaml``),
+    exactly as Hydra's own entry point adds it."""
+    path = create_automatic_config_search_path(None, None, CONF_SOURCE)
+    if config_dir is not None:
+        folder = os.path.abspath(config_dir)
+        if not os.path.isdir(folder):
+            raise UserInputError(f"--config-dir {config_dir} is not a directory")
+        path.prepend("command-line", f"file://{folder}", SearchPathQuery(provider="schema"))
+    return path
+
+
+@contextlib.contextmanager
+def composer(command: str, config_dir: str | None = None) -> Iterator[Hydra]:
+    """A Hydra instance that composes ``command``'s configs as the run will (the global one is
+    restored afterwards, as ``hydra.initialize_config_dir`` does)."""
+    hydra.version.setbase("1.3")
+    path = search_path(config_dir)
+    backup = get_gh_backup()
+    try:
+        yield Hydra.create_main_hydra2(task_name=command, config_search_path=path)
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def compose_hydra(command: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
     """The ``hydra`` node of the composed config (mode, run and sweep dirs), as Hydra decides
     it; missing configs raise here."""
-    with hydra.initialize_config_dir(
-        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
-    ):
-        cfg = GlobalHydra.instance().hydra.compose_config(  # type: ignore[union-attr]
+    with composer(command, config_dir) as composing:
+        cfg = composing.compose_config(
             config_name=command,
             overrides=overrides,
             run_mode=RunMode.MULTIRUN,
@@ -143,41 +176,70 @@ def compose_hydra(command: str, overrides: list[str]) -> DictConfig:
     return cfg.hydra
 
 
-def config_multirun(command: str, overrides: list[str]) -> bool:
+def config_multirun(command: str, overrides: list[str], config_dir: str | None = None) -> bool:
     """Whether the composed config puts Hydra in multirun mode (every cluster preset but
     ``local`` does)."""
-    return compose_hydra(command, overrides).mode == RunMode.MULTIRUN
+    return compose_hydra(command, overrides, config_dir).mode == RunMode.MULTIRUN
 
 
-def preflight(command: str, overrides: list[str]) -> str | None:
+def _task_overrides(overrides: list[str]) -> list[str]:
+    # hydra.* overrides shape the run, not the job (hydra.searchpath excepted: it finds configs).
+    return [
+        o
+        for o in overrides
+        if not o.lstrip("+~").startswith("hydra") or o.lstrip("+~").startswith("hydra.searchpath")
+    ]
+
+
+def _compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictConfig:
+    """One job's config with its hydra node (for HydraConfig), as the run will see it."""
+    return composing.compose_config(
+        config_name=command, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=False
+    )
+
+
+def preflight(command: str, overrides: list[str], config_dir: str | None = None) -> str | None:
     """A line saying there is nothing to run (the command's ``preflight``, e.g. ``resume=``
     names a finished run), or None; checked before a run folder exists."""
     check = getattr(experiment_module(command), "preflight", None)
     if check is None:
         return None
-    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    with hydra.initialize_config_dir(
-        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
-    ):
-        return check(hydra.compose(config_name=command, overrides=task_overrides))
+    with composer(command, config_dir) as composing:
+        cfg = _compose_job(composing, command, _task_overrides(overrides))
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return check(cfg)
 
 
-def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
+def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
+    """An ``experiment=`` recipe names its command; another command's recipe is refused."""
+    made_for = cfg.get("command")
+    if made_for == command:
+        return
+    recipe = [o for o in overrides if o.lstrip("+~").startswith("experiment=")]
+    what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
+    raise UserInputError(
+        f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
+        f"{command.replace('_', '-')}; see nyscli/conf/experiment/"
+    )
+
+
+def validate_jobs(
+    command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
+) -> None:
     """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one.
 
     HydraConfig is set to each job's, so ``validate`` sees the overrides and group choices
     exactly as it will inside the run.
     """
-    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     module = experiment_module(command)
-    with hydra.initialize_config_dir(
-        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
-    ):
-        for job in job_overrides(task_overrides, multirun):
-            cfg = hydra.compose(config_name=command, overrides=job, return_hydra_config=True)
+    with composer(command, config_dir) as composing:
+        for job in job_overrides(_task_overrides(overrides), multirun):
+            cfg = _compose_job(composing, command, job)
             HydraConfig.instance().set_config(cfg)
             with open_dict(cfg):
                 del cfg["hydra"]
+            _same_command(cfg, command, job)
             module.validate(cfg)
 
 
@@ -307,10 +369,11 @@ def launch(command: str, arguments: list[str]) -> int:
     fresh = None  # the run folder this launch created: removed again if the run fails early
     if not inspecting:
         try:
-            hydra_node = compose_hydra(command, list(args.overrides))
+            overrides, config_dir = list(args.overrides), args.config_dir
+            hydra_node = compose_hydra(command, overrides, config_dir)
             multirun = multirun or hydra_node.mode == RunMode.MULTIRUN
-            validate_jobs(command, list(args.overrides), multirun)
-            done = None if multirun else preflight(command, list(args.overrides))
+            validate_jobs(command, overrides, multirun, config_dir)
+            done = None if multirun else preflight(command, overrides, config_dir)
             if done:  # e.g. resume= names a finished run: nothing to run, no folder
                 console.print(escape(done), highlight=False, soft_wrap=True)
                 return 0
@@ -340,7 +403,7 @@ def launch(command: str, arguments: list[str]) -> int:
             args=args,
             args_parser=parser,
             task_function=Task(command),
-            config_path=str(CONF_DIR),
+            config_path=CONF_SOURCE,
             config_name=command,
         )
     except (Abort, TrainingInterrupted) as abort:

@@ -38,12 +38,14 @@ def complete_overrides(command: str):
 
     def complete(incomplete: str) -> list[str]:
         choices = []
-        for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"):
+        internal = ("hydra", "base", "__pycache__")
+        for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in internal):
             choices += [f"{group.name}={opt.stem}" for opt in sorted(group.glob("*.yaml"))]
-        primary = CONF_DIR / f"{command}.yaml"
-        if primary.exists():
-            keys = OmegaConf.load(primary).keys()
-            choices += [f"{k}=" for k in keys if k not in ("defaults", "hydra")]
+        # The command's own keys and those every command shares (conf/base/default.yaml).
+        for source in (CONF_DIR / f"{command}.yaml", CONF_DIR / "base" / "default.yaml"):
+            if source.exists():
+                keys = OmegaConf.load(source).keys()
+                choices += [f"{k}=" for k in keys if k not in ("defaults", "hydra")]
         return [c for c in choices if c.startswith(incomplete)]
 
     return complete
@@ -254,20 +256,24 @@ def finetune(
 def report(
     paths: list[Path] = typer.Argument(..., help="Run folders, sweep folders or outputs/ itself."),
     out: Path = typer.Option(
-        None, help="Where to write the combined CSV (default: PATH/summary.csv for one PATH)."
+        None,
+        help="The combined CSV; each command's comparison PNG goes beside it as "
+        "<stem>_<command>*.png (default: PATH/summary.csv for one PATH, else ./report.csv).",
     ),
 ) -> None:
-    """Aggregate run folders (also partly failed sweeps) into one table and one CSV."""
+    """Aggregate run folders (also partly failed sweeps) into one table, one CSV and the figure
+    that compares them (pre-training curves, learning curves, error vs budget, time/memory)."""
     from nyscli.experiments.report import show_report
 
-    if out is None and len(paths) == 1 and paths[0].is_dir():
-        out = paths[0] / "summary.csv"
-    elif out is not None and out.is_dir():
+    if out is None:
+        one = len(paths) == 1 and paths[0].is_dir()
+        out = paths[0] / "summary.csv" if one else Path("report.csv")
+    if out.is_dir():
         fail(f"--out={out} is a folder; give a file name, e.g. --out {out / 'summary.csv'}")
-    elif out is not None and not out.parent.is_dir():
+    elif not out.parent.is_dir():
         fail(f"--out={out}: the folder {out.parent} does not exist; create it or give another")
     try:
-        show_report(paths, out, figures=out.parent if out is not None else None)
+        show_report(paths, out, figures=out.parent)
     except UserInputError as error:
         fail(str(error))
     except OSError as error:

@@ -128,3 +128,5 @@ def test_completion_offers_config_groups_and_keys():
     assert "attention=nystrom" in complete("attention=")
     assert "attention_set=table1" in complete("attention_s")
     assert "seq_lens=" in complete("seq")
+    assert "seed=" in complete("se") and "threads=" in complete("th")  # from conf/base/
+    assert "experiment=table1" in complete("experiment=")

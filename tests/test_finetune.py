@@ -346,3 +346,14 @@ def test_bad_values_are_user_errors(override, message):
         cfg = hydra.compose("finetune", overrides=[override])
     with pytest.raises(UserInputError, match=message):
         validate(cfg)
+
+
+def test_finetune_from_a_checkpoint_on_two_ranks(run_nys, tmp_path, fixtures):
+    """The classifier (encoder + pooler + head) trains through DDP on 2 gloo ranks."""
+    done = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
+                   f"data.dir={fixtures['mrpc']}", "--steps", "2", "--batch-size", "4",
+                   "trainer.nproc_per_node=2", *SMALL)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = results(tmp_path / "outputs").iloc[0]
+    assert row.world_size == 2 and row.batch_size == 8 and row.steps == 2
+    assert 0 <= row.dev_accuracy <= 1

@@ -5,6 +5,8 @@ and reports of sweeps whose submitit jobs were killed."""
 from __future__ import annotations
 
 import fcntl
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nyscli.bridge import config_multirun
 from nyscli.experiments.summary import LOCK_FILE, SUMMARY_FILE, write_summary
@@ -21,6 +26,7 @@ from nyscli.train import ShuffledBatches, distributed
 
 from .test_lra import TINY as LRA_TINY
 from .test_lra import run_folders
+from .test_train import make_trainer
 
 # One approx-error job in well under a second: a 64-token smooth input, Nyström only.
 APPROX_TINY = ["threads=1", "seq_len=64", "heads=1", "methods=[nystrom]", "baselines=[]"]
@@ -63,6 +69,45 @@ def test_two_gloo_ranks_train_exactly_like_one_process_with_the_global_batch(run
     assert pd.read_csv(tmp_path / "one" / "results.csv").iloc[0].world_size == 1
     # Only rank 0 wrote: one metrics row per step and split, one results table printed.
     assert resumed.stdout.count("LRA runs") == 1
+
+
+def _ddp_rank(rank: int, world: int, port: int, run_dir: str) -> None:
+    """One rank: 2 updates of 3 accumulated micro-batches, counting DDP's gradient syncs."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    with distributed.process_group(distributed.World(rank, world), "cpu"):
+        trainer, train, dev = make_trainer(
+            Path(run_dir), accumulate=3, max_steps=2, eval_every=2, log_every=1
+        )
+        assert isinstance(trainer.parallel, torch.nn.parallel.DistributedDataParallel)
+        synced: list[int] = []  # bucket index of every all-reduce DDP runs
+
+        def count(state, bucket):
+            synced.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        trainer.parallel.register_comm_hook(None, count)
+        before = torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
+        trainer.fit(train, dev)
+        after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+        torch.save({"synced": synced, "before": before, "after": after}, f"{run_dir}/r{rank}.pt")
+
+
+def test_ddp_syncs_gradients_once_per_accumulated_update(tmp_path):
+    """no_sync: 2 updates x 3 micro-batches all-reduce each bucket twice, not six times; the
+    ranks (different data slices) end with identical weights, changed by training."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    mp.spawn(_ddp_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
+    for saved in ranks:
+        buckets = set(saved["synced"])
+        assert buckets and len(saved["synced"]) == 2 * len(buckets)
+    torch.testing.assert_close(ranks[0]["after"], ranks[1]["after"], rtol=0, atol=0)
+    assert not torch.allclose(ranks[0]["before"], ranks[0]["after"])
+    # rank 0 alone wrote the metrics: 2 train rows, 1 dev row
+    assert list(pd.read_csv(tmp_path / "metrics.csv").split) == ["train", "train", "val"]
 
 
 def test_an_error_on_the_ranks_is_one_line_with_exit_code_2(run_nys, tmp_path):

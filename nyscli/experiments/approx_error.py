@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import track
 from rich.table import Table
 
@@ -284,6 +285,10 @@ def render(df: pd.DataFrame) -> Table:
         budget = "—" if pd.isna(row["budget"]) else str(int(row["budget"]))
         cells = [_cell(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]
         table.add_row(
-            *(str(row[k]) for k in run_keys), row["method"], budget, str(row["heads"]), *cells
+            *(escape(str(row[k])) for k in run_keys),  # labels are data: "[...]" is no markup
+            escape(str(row["method"])),
+            budget,
+            str(row["heads"]),
+            *cells,
         )
     return table

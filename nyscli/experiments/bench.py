@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -288,7 +289,7 @@ def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> T
                 cells.append(f"{_fmt(value)} [dim]({value / base[n]:.3g}×)[/]")
             else:
                 cells.append(_fmt(getattr(point, column)))
-        table.add_row(str(row), *cells)
+        table.add_row(escape(str(row)), *cells)  # labels are data: "[...]" is no markup
     for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
         table.add_row(name, *paper_cells, style="dim")
     return table

@@ -1,28 +1,41 @@
-"""``nys report``: one table and one CSV from any set of run folders (a sweep, or all outputs/)."""
+"""``nys report``: one table, one CSV and the figures that compare runs, from any set of run
+folders (a sweep, a few single runs, or all of outputs/)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 
+from nyscli.approx.plots import error_vs_budget
 from nyscli.experiments import COMMANDS, experiment_module
 from nyscli.report.console import console
+from nyscli.report.curves import overlaid_curves
 from nyscli.report.files import write_csv
+from nyscli.report.plots import loglog_panels
 from nyscli.report.runs import RunFolder, aggregate, find_run_folders, load_run
+from nyscli.train.metrics import METRICS_FILE
+
+# A figure: (the command's runs that have results, their stacked results, the path prefix
+# "<folder>/<csv stem>_<command>") -> the PNGs written.
+Figure = Callable[[list[RunFolder], pd.DataFrame, Path], list[Path]]
 
 
 def show_report(
     paths: list[Path], out: Path | None = None, figures: Path | None = None
 ) -> pd.DataFrame:
     """Print each command's table for the runs under ``paths``, list failed runs, and write
-    the stacked results to ``out`` (if given). A command module with ``write_figures(df,
-    folder)`` also writes its files (plots, derived tables) into ``figures`` (if given).
-    Returns the stacked results."""
+    the stacked results to ``out`` (if given) with each command's comparison figure beside it
+    (``<out stem>_<command>*.png``). A command module with ``write_figures(df, folder)`` also
+    writes its own files (plots, derived tables) into ``figures`` (if given). Returns the
+    stacked results."""
     runs = [load_run(p) for p in find_run_folders(paths)]
     if not runs:
         console.print(
-            f"no run folders (with .hydra/config.yaml) under {', '.join(map(str, paths))}"
+            f"no run folders (with .hydra/config.yaml) under {', '.join(map(str, paths))}",
+            highlight=False,
         )
         return pd.DataFrame()
     by_command: dict[str, list[RunFolder]] = {}
@@ -37,16 +50,115 @@ def show_report(
             console.print(module.render(df))
             if figures is not None and hasattr(module, "write_figures"):
                 for path in module.write_figures(df, figures):
-                    console.print(f"wrote {path}")
+                    console.print(f"wrote {path}", markup=False, highlight=False)
         elif not df.empty:
-            console.print(df.to_string(index=False))
+            console.print(df.to_string(index=False), markup=False)
     failed = [run for run in runs if not run.ok]
     ok = len(runs) - len(failed)
     console.print(f"{ok} of {len(runs)} runs have results")
     for run in failed:
-        console.print(f"[red]failed[/] {run.path}: {run.error}")
+        console.print(f"[red]failed[/] {escape(f'{run.path}: {run.error}')}", highlight=False)
     combined = pd.concat(frames, ignore_index=True)
     if out is not None:
         write_csv(combined, out)
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False, highlight=False)
+        for command, group in by_command.items():
+            done = [run for run in group if run.ok]
+            figure = FIGURES.get(command)
+            if figure is None or not done:
+                continue
+            prefix = out.with_name(f"{out.stem}_{command}")
+            for png in figure(done, aggregate(done), prefix):
+                console.print(f"wrote {png}", markup=False, highlight=False)
     return combined
+
+
+def run_labels(runs: list[RunFolder]) -> dict[Path, str]:
+    """Each run's legend label: the overrides that differ between the runs (``attention=
+    softmax``); the folder name where they say nothing or two runs would share a label."""
+    jobs = aggregate(runs).drop_duplicates("run_dir").set_index("run_dir")["job"]
+    labels = {run.path: str(jobs.get(str(run.path), "") or run.path.name) for run in runs}
+    counts = pd.Series(list(labels.values())).value_counts()
+    return {
+        path: label if counts[label] == 1 or label == path.name else f"{label} ({path.name})"
+        for path, label in labels.items()
+    }
+
+
+def _png(prefix: Path, part: str = "") -> Path:
+    """``<prefix>.png``, or ``<prefix>_<part>.png``."""
+    return prefix.with_name(f"{prefix.name}_{part}.png" if part else f"{prefix.name}.png")
+
+
+def _curves(runs: list[RunFolder]) -> dict[str, pd.DataFrame]:
+    """label -> metrics.csv of each run that has one."""
+    labels = run_labels(runs)
+    return {
+        labels[run.path]: pd.read_csv(run.path / METRICS_FILE)
+        for run in runs
+        if (run.path / METRICS_FILE).exists()
+    }
+
+
+def _by_task(runs: list[RunFolder]) -> dict[str, list[RunFolder]]:
+    tasks: dict[str, list[RunFolder]] = {}
+    for run in runs:
+        assert run.results is not None
+        task = str(run.results["task"].iloc[0]) if "task" in run.results else ""
+        tasks.setdefault(task, []).append(run)
+    return tasks
+
+
+def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+    """Fig. 5: validation MLM and SOP accuracy against step, one line per run."""
+    panels = [
+        ("val", "mlm_accuracy", "MLM accuracy (validation)"),
+        ("val", "sop_accuracy", "SOP accuracy (validation)"),
+    ]
+    title = "pre-training: masked LM and sentence order, validation"
+    path = overlaid_curves(_curves(runs), panels, _png(prefix), title)
+    return [path] if path else []
+
+
+def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+    """Fine-tuning (LRA draws its own with Table 3, ``lra.write_figures``): dev accuracy and
+    train loss against step, one line per run, one figure per task (tasks share no axes)."""
+    panels = [("val", "accuracy", "accuracy (dev)"), ("train", "loss", "loss (train)")]
+    written = []
+    for task, group in _by_task(runs).items():
+        title = f"{runs[0].command} {task}: learning curves".replace("  ", " ")
+        path = overlaid_curves(_curves(group), panels, _png(prefix, task), title)
+        written += [path] if path else []
+    return written
+
+
+def approx_error_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+    """Error against budget m over all jobs (a sweep of attention.num_landmarks gives one
+    point per job): one line per method, jobs pooled."""
+    pooled = df.drop(columns=["job", "run_dir"], errors="ignore")
+    path = error_vs_budget(pooled, _png(prefix))
+    return [path] if path else []
+
+
+def bench_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+    """Time and peak memory against n, one line per (attention row, run)."""
+    ok = df[df["status"] == "ok"].copy()
+    if ok.empty:
+        return []
+    labels = run_labels(runs)
+    several = len(runs) > 1
+    ok["line"] = [
+        f"{attention} [{labels[Path(run_dir)]}]" if several else str(attention)
+        for attention, run_dir in zip(ok["attention"], ok["run_dir"], strict=True)
+    ]
+    panels = [("time_ms", "time (ms)"), ("peak_mb", "peak memory (MB)")]
+    title = "bench: one self-attention module"
+    return [loglog_panels(ok, "seq_len", panels, "line", _png(prefix), title)]
+
+
+FIGURES: dict[str, Figure] = {
+    "pretrain": pretrain_figure,
+    "finetune": learning_curves_figure,
+    "approx_error": approx_error_figure,
+    "bench": bench_figure,
+}

@@ -1,7 +1,9 @@
-"""Learning curves from a trainer's ``metrics.csv``: loss and accuracy per split vs step."""
+"""Learning curves from a trainer's ``metrics.csv``: loss and accuracy per split vs step, for
+one run or several overlaid."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +37,42 @@ def learning_curve(
         ax.set_ylabel(column)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path, dpi=110)
+
+
+def overlaid_curves(
+    curves: Mapping[str, pd.DataFrame],
+    panels: Sequence[tuple[str, str, str]],
+    path: Path,
+    title: str = "",
+) -> Path | None:
+    """Several runs' learning curves on shared axes: one panel per (split, column, axis label),
+    one line per run. ``curves``: label -> that run's metrics (columns step, split, <column>).
+
+    Returns None when no run has a point in any panel.
+    """
+    drawn = False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (split, column, label) in zip(axes[0], panels, strict=True):
+        for name, metrics in curves.items():
+            if column not in metrics:
+                continue
+            points = metrics[metrics["split"] == split].dropna(subset=[column])
+            if points.empty:
+                continue
+            points = points.sort_values("step")
+            ax.plot(points["step"], points[column], marker="o", markersize=3, label=name)
+            drawn = True
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not drawn:
+        plt.close(fig)
+        return None
     if title:
         fig.suptitle(title)
     return save_figure(fig, path, dpi=110)

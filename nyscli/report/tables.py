@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
 Column = tuple[str, Callable[[Any], str]]  # (header, row -> cell text)
@@ -23,7 +24,7 @@ def rows_table(title: str, df: pd.DataFrame, columns: Sequence[Column], text: se
         left = name in text
         table.add_column(name, justify="left" if left else "right", no_wrap=left)
     for r in df.itertuples():
-        table.add_row(*(cell(r) for _, cell in columns))
+        table.add_row(*(escape(cell(r)) for _, cell in columns))  # data, not rich markup
     return table
 
 

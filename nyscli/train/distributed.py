@@ -12,7 +12,8 @@ Three ways a job gets several ranks, all ending in the same ``env://`` process g
   is already one rank and joins the world from its environment.
 
 gloo on CPU, nccl on CUDA (each rank on its local GPU). Only rank 0 writes files and logs
-at INFO; the trainer averages gradients and sums metrics across ranks (see ``loop.py``).
+at INFO; the trainer trains through DistributedDataParallel (:func:`data_parallel`) and sums
+its metrics across ranks (see ``loop.py``).
 """
 
 from __future__ import annotations
@@ -184,41 +185,26 @@ def reduce_running(running: Running) -> Running:
     )
 
 
-def broadcast_module(module: torch.nn.Module) -> None:
-    """Copy rank 0's parameters and buffers to every rank (the replicas start identical)."""
+def data_parallel(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` wrapped in PyTorch's DistributedDataParallel inside a world of several ranks
+    (itself otherwise). The wrapper copies rank 0's weights and buffers to every rank, and
+    averages the gradients over the ranks during ``backward`` (bucketed; overlapped with it on
+    GPU); forward through the wrapper for that, ``.module`` is the model itself."""
     if not active():
-        return
-    with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.data, src=0)
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    on_gpu = dist.get_backend() == "nccl"
+    device_ids = [torch.cuda.current_device()] if on_gpu else None
+    return DistributedDataParallel(module, device_ids=device_ids)
 
 
-def average_gradients(params: list[torch.nn.Parameter], extras: list[float]) -> list[float]:
-    """Average ``.grad`` over ranks (what DDP does after backward) and sum ``extras`` (counts,
-    flags of the update); two all-reduces, one of them a few numbers. Returns the summed extras.
-
-    A parameter without a gradient on some ranks gets zeros there; one without a gradient on
-    every rank keeps ``grad=None`` (so the optimizer skips it, as in one process).
-    """
-    if not active():
-        return list(extras)
-    size = world_size()
-    summed = sum_across_ranks([*extras, *(float(p.grad is not None) for p in params)])
-    extras, has = summed[: len(extras)], summed[len(extras) :]
-    used = [p for p, count in zip(params, has, strict=True) if count > 0]
-    for p in used:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    if not used:
-        return extras
-    grads = [p.grad for p in used]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
-    flat /= size
-    reduced_grads = torch._utils._unflatten_dense_tensors(flat, grads)
-    for grad, reduced in zip(grads, reduced_grads, strict=True):
-        grad.copy_(reduced)
-    return extras
+def no_sync(module: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient all-reduce in this forward+backward unless ``sync`` (the last
+    micro-batch of an accumulated update); a plain module never syncs anything."""
+    if sync or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
 
 
 # ---------------------------------------------------------------------------- joining, launching

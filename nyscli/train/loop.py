@@ -121,10 +121,12 @@ class Trainer:
                 "trainer.precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU"
             )
         self.model = model.to(self.device)
-        # Several ranks (torch.distributed): same weights everywhere, gradients averaged and
-        # metrics summed across ranks; rank 0 alone writes metrics.csv and checkpoints.
+        # Several ranks (torch.distributed): training steps go through DistributedDataParallel
+        # (rank 0's weights everywhere, gradients averaged in backward); evaluation, checkpoints
+        # and the optimizer use the model itself. Metrics are summed across ranks; rank 0 alone
+        # writes metrics.csv and checkpoints.
         self.main = distributed.is_main()
-        distributed.broadcast_module(self.model)
+        self.parallel = distributed.data_parallel(self.model)
         self.objective = objective
         self.config = config
         self.run_dir = Path(run_dir)
@@ -261,21 +263,23 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         tokens = 0
         bad_loss = None
-        for _ in range(cfg.accumulate):
+        for micro in range(cfg.accumulate):
             batch = to_device(next(batches), self.device)
-            with self._autocast():
-                result = self.objective(self.model, batch)
-            loss = float(result.loss.detach())
+            # DDP averages the gradients in the last micro-batch's backward only.
+            with distributed.no_sync(self.parallel, micro == cfg.accumulate - 1):
+                with self._autocast():
+                    result = self.objective(self.parallel, batch)
+                loss = float(result.loss.detach())
+                # Every rank runs every backward, even after a bad loss: the last one is a
+                # collective, and the update is dropped below anyway.
+                self.scaler.scale(result.loss / cfg.accumulate).backward()
             if not math.isfinite(loss):
-                bad_loss = loss
-                break
-            self.scaler.scale(result.loss / cfg.accumulate).backward()
+                bad_loss = loss if bad_loss is None else bad_loss
+                continue
             self.window.add(result, loss)
             tokens += result.tokens
         # Every rank learns whether any rank diverged, and the update's global token count.
-        diverged, tokens = distributed.average_gradients(
-            list(self.model.parameters()), [float(bad_loss is not None), tokens]
-        )
+        diverged, tokens = distributed.sum_across_ranks([float(bad_loss is not None), tokens])
         if diverged:
             raise self._diverged(f"loss became {bad_loss or 'non-finite on another rank'}", lr)
         if cfg.clip_grad_norm is not None:

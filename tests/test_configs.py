@@ -1,0 +1,139 @@
+"""The config tree: the shared base every command includes, the experiment= recipes of the
+paper's settings, and a user's own config folder (--config-dir)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from nyscli.bridge import composer, validate_jobs
+from nyscli.errors import UserInputError
+from nyscli.experiments import COMMANDS
+
+
+def compose(command: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
+    """The job's config with its hydra node, as the run will see it."""
+    with composer(command, config_dir) as hydra:
+        return hydra.compose_config(
+            config_name=command,
+            overrides=overrides,
+            run_mode=RunMode.RUN,
+            with_log_configuration=False,
+        )
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_takes_the_shared_base(command):
+    cfg = compose(command, [])
+    assert cfg.hydra.callbacks.sweep_summary._target_.endswith("summary.SweepSummary")
+    assert cfg.hydra.job_logging.handlers.console["class"].endswith("ConsoleLogHandler")
+    assert cfg.hydra.launcher._target_.endswith("BasicLauncher")  # cluster=local
+    assert cfg.hydra.job.name == command and cfg.command == command
+    assert cfg.seed == 0 and cfg.threads is None
+    # A command's own file still wins over the base (approx-error's exact matrices: CPU).
+    assert cfg.device == ("cpu" if command == "approx_error" else "auto")
+    assert compose(command, ["cluster=slurm"]).hydra.mode == RunMode.MULTIRUN
+
+
+LRA_SCHEDULES = {  # DESIGN §6: batch, warm-up, steps, length
+    "listops": (32, 1000, 5000, 2000),
+    "text": (32, 8000, 20000, 4000),
+    "retrieval": (32, 800, 30000, 4000),
+    "image": (256, 175, 35000, 1024),
+    "pathfinder": (256, 312, 62400, 1024),
+}
+
+
+@pytest.mark.parametrize("task", sorted(LRA_SCHEDULES))
+def test_lra_recipes_hold_the_papers_schedule(task):
+    validate_jobs("lra", [f"experiment=lra_{task}"], multirun=False)
+    cfg = compose("lra", [f"experiment=lra_{task}", "attention=softmax"])
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    batch, warmup, steps, length = LRA_SCHEDULES[task]
+    assert cfg.task.name == task and cfg.task.max_len == length
+    assert (trainer["batch_size"], trainer["warmup_steps"], trainer["max_steps"]) == (
+        batch,
+        warmup,
+        steps,
+    )
+    assert trainer["lr"] == 1e-4 and trainer["decay"] == "linear"
+    assert (cfg.model.dim, cfg.model.depth, cfg.model.num_heads, cfg.model.ffn_dim) == (
+        64,
+        2,
+        2,
+        128,
+    )
+    assert cfg.attention.name == "softmax"  # the command line picks the attention
+
+
+def test_bert_small_recipe_is_the_papers_pretraining_with_conv_33():
+    validate_jobs("pretrain", ["experiment=bert_small"], multirun=False)
+    cfg = compose("pretrain", ["experiment=bert_small"])
+    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "attention")}
+    resolved["trainer"] = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert {k: resolved["model"][k] for k in ("dim", "depth", "num_heads", "ffn_dim")} == {
+        "dim": 512,
+        "depth": 4,
+        "num_heads": 8,
+        "ffn_dim": 2048,
+    }
+    assert resolved["attention"]["name"] == "nystrom"
+    assert resolved["attention"]["conv_kernel_size"] == 33
+    assert resolved["attention"]["num_landmarks"] == 64
+    trainer = resolved["trainer"]
+    assert (trainer["lr"], trainer["warmup_steps"], trainer["batch_size"]) == (1e-4, 10000, 256)
+    assert (trainer["max_steps"], trainer["weight_decay"], trainer["decay"]) == (
+        100000,
+        0.01,
+        "linear",
+    )
+    # The softmax baseline of the same recipe has no conv skip.
+    softmax = compose("pretrain", ["experiment=bert_small", "attention=softmax"])
+    assert OmegaConf.to_container(softmax.attention, resolve=True)["conv_kernel_size"] == 0
+
+
+def test_table1_recipe_is_the_papers_grid():
+    validate_jobs("bench", ["experiment=table1"], multirun=False)
+    cfg = compose("bench", ["experiment=table1"])
+    assert list(cfg.seq_lens) == [512, 1024, 2048, 4096, 8192]
+    assert (cfg.batch_size, cfg.hidden, cfg.num_heads) == (1, 768, 12)
+    assert (cfg.scope, cfg.mode, cfg.dtype) == ("module", "forward", "fp32")
+    rows = [(r.name, r.get("num_landmarks"), r.get("proj_dim"), r.get("window"))
+            for r in cfg.attention_rows]  # fmt: skip
+    assert rows == [
+        ("softmax_naive", None, None, None),
+        ("softmax", None, None, None),
+        ("linformer", None, 256, None),
+        ("longformer", None, None, 257),
+        ("nystrom", 64, None, None),
+        ("nystrom", 32, None, None),
+    ]
+
+
+def test_a_recipe_of_another_command_is_one_line(run_nys):
+    done = run_nys("lra", "experiment=bert_small")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        "error: experiment=bert_small is a recipe for nys pretrain, not for nys lra; "
+        "see nyscli/conf/experiment/"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_user_config_folder_adds_options_beside_the_packaged_ones(tmp_path):
+    user = tmp_path / "mine"
+    (user / "experiment").mkdir(parents=True)
+    (user / "attention").mkdir()
+    (user / "attention" / "tiny_nystrom.yaml").write_text("name: nystrom\nnum_landmarks: 4\n")
+    (user / "experiment" / "short.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /attention: tiny_nystrom\n"
+        "command: bench\nseq_lens: [32, 64]\n"
+    )
+    validate_jobs("bench", ["experiment=short"], multirun=False, config_dir=str(user))
+    cfg = compose("bench", ["experiment=short"], str(user))
+    assert list(cfg.seq_lens) == [32, 64] and cfg.attention.num_landmarks == 4
+    # The packaged options are all still there.
+    assert compose("bench", ["attention=softmax"], str(user)).attention.name == "softmax"
+    with pytest.raises(UserInputError, match="is not a directory"):
+        validate_jobs("bench", [], multirun=False, config_dir=str(tmp_path / "nope"))

@@ -1,0 +1,158 @@
+"""``nys report`` across runs: the CSV where --out says, one comparison figure per command
+(its lines checked against the runs' own numbers), and labels that survive rich markup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nyscli.approx.summary import summarise
+from nyscli.experiments import report
+from nyscli.report import curves, plots
+from nyscli.report.runs import load_run
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure saved: {file name: [(panel y label, {line label: (x, y)})]}."""
+    saved: dict[str, list[tuple[str, dict[str, tuple[list, list]]]]] = {}
+    original = plots.save_figure
+
+    def capture(fig, path, dpi=120):
+        saved[Path(path).name] = [
+            (ax.get_ylabel(), {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
+                               for ln in ax.get_lines() if not ln.get_label().startswith("_")})
+            for ax in fig.axes
+        ]  # fmt: skip
+        return original(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    monkeypatch.setattr(curves, "save_figure", capture)
+    return saved
+
+
+def fake_run(folder: Path, command: str, overrides: list[str], results, metrics=None):
+    """A run folder as a command leaves it: .hydra/, results.csv and metrics.csv."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text(f"command: {command}\n")
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    results = pd.DataFrame([results]) if isinstance(results, dict) else results
+    results.to_csv(folder / "results.csv", index=False)
+    if metrics is not None:
+        metrics.to_csv(folder / "metrics.csv", index=False)
+    return load_run(folder)
+
+
+def pretrain_metrics(seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = [{"step": s, "split": "train", "loss": 5.0 - s / 100} for s in (50, 100)]
+    rows += [
+        {"step": s, "split": "val", "loss": 4.0, "mlm_accuracy": a, "sop_accuracy": b}
+        for s, a, b in zip((50, 100), rng.random(2), rng.random(2), strict=True)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_pretrain_runs_overlay_their_validation_curves_per_attention(tmp_path, figures):
+    runs = [
+        fake_run(tmp_path / name, "pretrain", [f"attention={name}", "threads=1"], {"task": "mlm"},
+                 pretrain_metrics(seed))
+        for seed, name in enumerate(("softmax", "nystrom"))
+    ]  # fmt: skip
+    [png] = report.pretrain_figure(runs, report.aggregate(runs), tmp_path / "r_pretrain")
+    assert png == tmp_path / "r_pretrain.png" and png.read_bytes()[:4] == b"\x89PNG"
+    [(mlm_label, mlm), (sop_label, sop)] = figures["r_pretrain.png"]
+    assert "MLM" in mlm_label and "SOP" in sop_label
+    assert sorted(mlm) == ["attention=nystrom", "attention=softmax"]
+    for seed, name in enumerate(("softmax", "nystrom")):
+        val = pretrain_metrics(seed).query("split == 'val'")
+        assert mlm[f"attention={name}"] == (list(val.step), list(val.mlm_accuracy))
+        assert sop[f"attention={name}"] == (list(val.step), list(val.sop_accuracy))
+
+
+def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
+    def metrics(acc: float) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {"step": 2, "split": "train", "loss": 2.0, "accuracy": 0.1},
+                {"step": 2, "split": "val", "loss": 2.1, "accuracy": acc},
+                {"step": 2, "split": "test", "loss": 2.1, "accuracy": 0.9},
+            ]
+        )
+
+    runs = [
+        fake_run(tmp_path / f"{task}-{att}", "finetune", [f"task={task}", f"attention={att}"],
+                 {"task": task}, metrics(acc))
+        for task, att, acc in [("sst2", "softmax", 0.3), ("sst2", "nystrom", 0.4),
+                               ("mrpc", "softmax", 0.5)]
+    ]  # fmt: skip
+    written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "s_ft")
+    assert [p.name for p in written] == ["s_ft_sst2.png", "s_ft_mrpc.png"]
+    [(_, dev), (_, train)] = figures["s_ft_sst2.png"]
+    # Labelled by what differs within the task's figure.
+    assert dev == {"attention=softmax": ([2], [0.3]), "attention=nystrom": ([2], [0.4])}
+    assert all(y == [2.0] for _, y in train.values())
+
+
+def test_report_of_an_approx_error_sweep_writes_csv_and_error_vs_budget(run_nys, tmp_path):
+    """Two real runs at budgets 4 and 8 (one with baselines=[uniform]): the table keeps the
+    bracketed label, the CSV lands where --out says, the PNG beside it has one point per run."""
+    tiny = ["seq_len=64", "heads=2", "methods=[nystrom]", "plots=false", "threads=1"]
+    for m, baselines in ((4, "baselines=[uniform]"), (8, "baselines=[]")):
+        done = run_nys(
+            "approx-error", *tiny, f"attention.num_landmarks={m}", baselines, f"hydra.run.dir=m{m}"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "nested" / "out").mkdir(parents=True)
+    done = run_nys("report", "m4", "m8", "--out", "nested/out/r.csv")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "baselines=[uniform]" in done.stdout  # was printed as "baselines=" (rich markup)
+    assert "wrote nested/out/r.csv" in done.stdout
+    assert "wrote nested/out/r_approx_error.png" in done.stdout
+    combined = pd.read_csv(tmp_path / "nested" / "out" / "r.csv")
+    assert set(combined.job) == {
+        "attention.num_landmarks=4 baselines=[uniform]",
+        "attention.num_landmarks=8 baselines=[]",
+    }
+    assert (tmp_path / "nested/out/r_approx_error.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_approx_error_figure_pools_the_jobs_into_one_line_per_method(tmp_path, figures):
+    def results(m: int, errors: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"source": "smooth", "seq_len": 64, "method": "nystrom", "budget": m,
+             "metric": "output_error", "value": errors, "head": range(len(errors))}
+        )  # fmt: skip
+
+    runs = [
+        fake_run(tmp_path / f"m{m}", "approx_error", [f"attention.num_landmarks={m}"],
+                 results(m, errors))
+        for m, errors in ((4, [0.4, 0.2]), (8, [0.1, 0.05]))
+    ]  # fmt: skip
+    df = report.aggregate(runs)
+    report.approx_error_figure(runs, df, tmp_path / "r_approx_error")
+    [(label, lines)] = figures["r_approx_error.png"]
+    assert label == "mean ‖SV−ŜV‖/‖SV‖"  # output error
+    x, y = lines["nystrom"]
+    assert x == [4, 8] and y == pytest.approx([0.3, 0.075])
+    assert summarise(df.drop(columns=["job", "run_dir"])).output_error_mean.tolist() == y
+
+
+def test_bench_runs_share_the_time_and_memory_axes(tmp_path, figures):
+    def row(att: str, n: int, ms: float) -> dict:
+        return {"attention": att, "seq_len": n, "time_ms": ms, "peak_mb": ms / 2, "status": "ok"}
+
+    runs = [
+        fake_run(tmp_path / name, "bench", [f"dtype={dtype}"],
+                 pd.DataFrame([row("nystrom-64", n, scale * n / 100) for n in (512, 1024)]))
+        for name, dtype, scale in (("a", "fp32", 1.0), ("b", "bf16", 2.0))
+    ]  # fmt: skip
+    report.bench_figure(runs, report.aggregate(runs), tmp_path / "r_bench")
+    [(time_label, time), (memory_label, memory)] = figures["r_bench.png"]
+    assert "time" in time_label and "memory" in memory_label
+    assert time["nystrom-64 [dtype=fp32]"] == ([512, 1024], [5.12, 10.24])
+    assert time["nystrom-64 [dtype=bf16]"] == ([512, 1024], [10.24, 20.48])
+    assert memory["nystrom-64 [dtype=bf16]"] == ([512, 1024], [5.12, 10.24])
