@@ -412,6 +412,15 @@ def launch(command: str, arguments: list[str]) -> int:
             discard_failed(fresh)
         console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
         return abort.code
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop (data preparation, final evaluation); the loop itself
+        # raises TrainingInterrupted with its resume line.
+        if fresh is not None and not multirun:
+            discard_failed(fresh)
+        kept = fresh is not None and fresh.is_dir()
+        where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
+        console.print(f"[red]error:[/] interrupted{escape(where)}", highlight=False, soft_wrap=True)
+        return 130
     except SystemExit:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
         # the jobs that did finish still get their summary, and the lost ones are listed.

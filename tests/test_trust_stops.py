@@ -97,3 +97,23 @@ def test_an_interrupted_run_says_where_to_resume_and_leaves_its_checkpoint_intac
         [second] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
         row = pd.read_csv(second / "results.csv").iloc[0]
         assert row.resumed_from == str(run / "checkpoints" / LAST) and row.steps == step + 1
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_leaves_no_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C while data is prepared (before any checkpoint): exit 130, one line, no folder."""
+    from nyscli.bridge import launch
+    from nyscli.experiments import lra
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lra, "load_task", interrupted)
+    overrides = [a for a in TINY if "=" in a and not a.startswith("-")]
+    assert launch("lra", ["task=listops", "threads=1", *overrides]) == 130
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert lines == ["error: interrupted; no run folder is left"]
+    assert not list((tmp_path / "outputs" / "lra").iterdir())
