@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +30,7 @@ from nyscli.attention import AttentionConfigError
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
+from nyscli.paths import CONF_DIR
 from nyscli.report.console import console
 from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
@@ -39,8 +39,6 @@ from nyscli.train import distributed
 
 log = logging.getLogger("nys")
 
-# The configs ship inside the package (nyscli/conf), so a wheel works from any directory.
-CONF_DIR = Path(os.environ.get("NYS_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 OUTPUT_ROOT = "outputs"
 USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.

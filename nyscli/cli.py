@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from omegaconf import OmegaConf
 
-from nyscli.bridge import CONF_DIR, launch
-from nyscli.errors import UserInputError
-from nyscli.report.console import console
+from nyscli.paths import CONF_DIR
+
+# Only typer and the config folder at import time: torch, Hydra and the experiments load when a
+# command runs, so ``nys --help`` and tab completion answer in well under a second.
 
 app = typer.Typer(
     help="nys: measure and reproduce Nyström attention and its rivals (Xiong et al., AAAI 2021).",
@@ -29,12 +29,14 @@ def complete_overrides(command: str):
     """Tab completion of ``group=option`` from conf/ and of the primary config's keys."""
 
     def complete(incomplete: str) -> list[str]:
+        import yaml  # not omegaconf: completion must answer fast
+
         choices = []
         for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"):
             choices += [f"{group.name}={opt.stem}" for opt in sorted(group.glob("*.yaml"))]
         primary = CONF_DIR / f"{command}.yaml"
         if primary.exists():
-            keys = OmegaConf.load(primary).keys()
+            keys = yaml.safe_load(primary.read_text()).keys()
             choices += [f"{k}=" for k in keys if k not in ("defaults", "hydra")]
         return [c for c in choices if c.startswith(incomplete)]
 
@@ -49,6 +51,8 @@ def run_hydra_command(
     command: str, typed: dict[str, object], overrides: list[str] | None, multirun: bool
 ) -> None:
     """Typed options (None = keep the YAML default) + free overrides -> Hydra."""
+    from nyscli.bridge import launch
+
     arguments = [f"{key}={value}" for key, value in typed.items() if value is not None]
     arguments += list(overrides or [])
     if multirun:
@@ -238,7 +242,9 @@ def report(
     ),
 ) -> None:
     """Aggregate run folders (also partly failed sweeps) into one table and one CSV."""
+    from nyscli.errors import UserInputError
     from nyscli.experiments.report import show_report
+    from nyscli.report.console import console
 
     if out is None and len(paths) == 1 and paths[0].is_dir():
         out = paths[0] / "summary.csv"
