@@ -9,6 +9,7 @@ import torch
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.attention.landmarks import segment_means
+from nyscli.attention.multihead import ValueConvSkip
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
 from tests.conftest import smooth_qkv
 
@@ -228,6 +229,32 @@ def test_conv_skip_ignores_padding_and_matches_manual_depthwise_conv():
     v2 = v.clone()
     v2[:, :, 7:] += 100
     torch.testing.assert_close(mha.conv_skip(v, keep)[:, :, :7], mha.conv_skip(v2, keep)[:, :, :7])
+
+
+def per_head_conv(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The skip as first written: a Conv2d over H channels with a (k, 1) kernel."""
+    k = weight.shape[2]
+    left = (k - 1) // 2
+    padded = torch.nn.functional.pad(v, (0, 0, left, k - 1 - left))
+    return torch.nn.functional.conv2d(padded, weight, groups=v.shape[1])
+
+
+@pytest.mark.parametrize("kernel", [35, 33, 4, 1])
+def test_conv_skip_forward_and_backward_equal_the_per_head_conv(kernel):
+    torch.manual_seed(kernel)
+    skip = ValueConvSkip(3, kernel).double()
+    v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
+    keep = torch.rand(2, 50) > 0.2
+    out = skip(v, keep)
+    expected = per_head_conv(v * keep[:, None, :, None], skip.conv.weight)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (v, skip.conv.weight), grad)
+    want = torch.autograd.grad(expected, (v, skip.conv.weight), grad)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    small = torch.randn(1, 3, 6, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: skip(x), (small,))
 
 
 @pytest.mark.parametrize(
