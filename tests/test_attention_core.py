@@ -163,6 +163,42 @@ def test_masked_nystrom_equals_nystrom_on_the_unpadded_sequence():
     torch.testing.assert_close(padded, trimmed, rtol=0, atol=1e-10)
 
 
+def test_padding_a_short_sequence_past_m_keeps_it_exact():
+    """44 real tokens, m = 64: exact attention whether the batch is padded to 44 or to 100."""
+    q, k, v = smooth_qkv(1, 2, 100, 8, seed=12)
+    keep = torch.ones(1, 100, dtype=torch.bool)
+    keep[0, 44:] = False
+    core = nystrom(num_landmarks=64)
+    unpadded = core(q[:, :, :44], k[:, :, :44], v[:, :, :44])
+    padded = core(q, k, v, keep)[:, :, :44]
+    torch.testing.assert_close(padded, unpadded, rtol=0, atol=1e-12)
+    exact = reference_attention(q[:, :, :44], k[:, :, :44], v[:, :, :44])
+    torch.testing.assert_close(padded, exact, rtol=0, atol=1e-12)
+
+
+def test_mixed_batch_decides_exactness_per_sequence():
+    """A short sequence is exact and a long one is Nyström, each as if alone in its batch."""
+    q, k, v = smooth_qkv(3, 2, 100, 8, seed=13)
+    keep = torch.ones(3, 100, dtype=torch.bool)
+    keep[0, 30:] = False  # 30 real tokens <= m: exact
+    keep[2, 90:] = False  # 90 real tokens > m: Nystrom
+    core = nystrom(num_landmarks=32)
+    out = core(q, k, v, keep)
+    alone_0 = core(q[:1, :, :30], k[:1, :, :30], v[:1, :, :30])
+    torch.testing.assert_close(out[:1, :, :30], alone_0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out[1:2], core(q[1:2], k[1:2], v[1:2]), rtol=0, atol=1e-12)
+    alone_2 = core(q[2:, :, :90], k[2:, :, :90], v[2:, :, :90])
+    torch.testing.assert_close(out[2:, :, :90], alone_2, rtol=0, atol=1e-10)
+    exact_2 = reference_attention(q[2:, :, :90], k[2:, :, :90], v[2:, :, :90])
+    assert (alone_2 - exact_2).abs().max() > 1e-6  # sequence 2 really is approximated
+    small = [t[:2, :, :9].clone().requires_grad_() for t in (q, k, v)]
+    mask = keep[:2, :9].clone()
+    mask[0, 3:] = False  # 3 real tokens <= 4 landmarks: exact; the other 9 > 4: Nystrom
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: nystrom(num_landmarks=4)(a, b, c, mask), small
+    )
+
+
 @pytest.mark.parametrize("n,m", [(1000, 64), (1, 64), (7, 64), (65, 64), (129, 32)])
 def test_odd_lengths(n, m):
     q, k, v = smooth_qkv(1, 2, n, 8, seed=6)
