@@ -153,7 +153,8 @@ class Task:
         module = experiment_module(command)
         main = distributed.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
-            write_json(collect_env(str(cfg.get("device", "cpu"))), run_dir / "env.json")
+            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"))
+            write_json(env, run_dir / "env.json")
         else:
             logging.getLogger().setLevel(logging.WARNING)
         nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))

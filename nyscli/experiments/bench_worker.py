@@ -1,8 +1,12 @@
 """Measure one grid point of ``nys bench`` (one attention, one n) in a fresh process.
 
-Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``; prints one line
-``NYS_RESULT {json}``. A fresh process per point keeps the CPU peak-RSS reading honest and
-keeps an out-of-memory at one point from ending the whole benchmark.
+Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``: the worker warms up,
+measures the peak memory of one call, prints ``NYS_READY {json}`` and then times one call for
+every ``time`` line on its stdin (``NYS_TIME <ms>``), until any other line or end of input.
+A failure is one line ``NYS_RESULT {json}`` with its status (oom/error). ``nys bench`` keeps
+one worker per attention alive and asks them in turn, so every row of one n is timed
+interleaved, under the same machine load. A fresh process per point keeps the CPU peak-RSS
+reading honest and keeps an out-of-memory at one point from ending the whole benchmark.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from nyscli.experiments.timing import time_call_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULT_PREFIX = "NYS_RESULT "
+READY_PREFIX = "NYS_READY "
+TIME_PREFIX = "NYS_TIME "
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -63,29 +69,38 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
     return forward_backward if train else inference
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Median time over repeats after warm-up, and the peak memory of one call."""
+def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, float, float]:
+    """Build the call, warm up, and measure the first call: (call, device, peak MB, its ms)."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
     for _ in range(max(1, spec["warmup"])):
         call()
-    # The first measured call also gives the memory peak; its time is a sample like the rest.
     times: list[float] = []
     memory = peak_mb(lambda: times.append(time_call_ms(call, device)), device)
-    budget_repeats = int(spec["time_budget_s"] * 1000.0 / max(times[0], 1e-3))
-    repeats = max(spec["min_repeats"], min(spec["repeats"], budget_repeats))
-    times += [time_call_ms(call, device) for _ in range(repeats - 1)]
+    return call, device, memory, times[0]
+
+
+def summarize(times: list[float]) -> dict[str, Any]:
+    """Median, minimum and interquartile range of timed calls (ms)."""
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     return {
-        "status": "ok",
         "time_ms": statistics.median(times),
         "time_ms_min": min(times),
         "time_ms_iqr": quartiles[2] - quartiles[0],
         "repeats": len(times),
-        "peak_mb": memory,
     }
+
+
+def serve(spec: dict[str, Any]) -> None:
+    """Prepare, report ``NYS_READY``, then time one call per ``time`` line on stdin."""
+    call, device, memory, first = prepare(spec)
+    print(READY_PREFIX + json.dumps({"peak_mb": memory, "first_ms": first}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "time":
+            break
+        print(f"{TIME_PREFIX}{time_call_ms(call, device)!r}", flush=True)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -108,11 +123,11 @@ def main() -> None:
     if spec["device"] == "cpu":
         limit_address_space(spec.get("memory_limit_mb"))
     try:
-        result = measure(spec)
+        serve(spec)
     except Exception as error:  # one point failing must not end the benchmark
         status = "oom" if is_oom(error) else "error"
         result = {"status": status, "error": " ".join(str(error).split())[:300]}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
