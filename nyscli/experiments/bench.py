@@ -30,7 +30,7 @@ from nyscli.report.plots import loglog_panels
 
 log = logging.getLogger(__name__)
 
-SCOPES = ("module", "core")
+SCOPES = ("module", "core", "projections")
 MODES = ("forward", "train")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -283,6 +283,8 @@ def render(df: pd.DataFrame) -> RenderableType:
     jobs = df["job"].fillna("") if "job" in df else pd.Series("", index=df.index)
     df["row"] = [f"{a} [{j}]" if j else a for a, j in zip(df.attention, jobs, strict=True)]
     matches = [r for r in df.row.unique() if r.split(" [")[0] == baseline]
+    if not matches and "method" in df:  # baseline=softmax names the row "softmax (SDPA)"
+        matches = list(df.row[df.method == baseline].unique())
     base_row = matches[0] if len(matches) == 1 else None
     context = df.iloc[0]
     caption = (

@@ -32,18 +32,31 @@ TIME_PREFIX = "NYS_TIME "
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
+class ValuesOnly(torch.nn.Module):
+    """A stand-in core that returns v: (B, H, n, d) as it is."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return v
+
+
 def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], object]:
     """The function timed at this point: one forward (or forward + backward) on random input.
 
     scope "module": x (B, n, hidden) through MultiHeadAttention (projections included).
+    scope "projections": the same module with the core replaced by ``ValuesOnly``: what the
+    module costs around its core (projections, head split/merge, conv skip), its floor.
     scope "core": q, k, v (B, H, n, hidden/H) through the attention core only.
     """
     torch.manual_seed(spec["seed"])
     b, n, hidden, heads = spec["batch_size"], spec["seq_len"], spec["hidden"], spec["num_heads"]
     train = spec["mode"] == "train"
     dtype = DTYPES[spec["dtype"]]
-    if spec["scope"] == "module":
+    if spec["scope"] in ("module", "projections"):
         model = MultiHeadAttention(hidden, heads, spec["attention"]).to(device)
+        if spec["scope"] == "projections":
+            model.core = ValuesOnly()
         inputs = [torch.randn(b, n, hidden, device=device, requires_grad=train)]
     else:
         model = build_attention(spec["attention"]).to(device)
