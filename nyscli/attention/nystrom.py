@@ -159,17 +159,34 @@ class NystromAttention(nn.Module):
         the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
         """
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
-        a = self.landmark_kernel(q_land, k_land, exists)
-        token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
-        bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
+        w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
         land_keep = None
         if exists is not None:
-            bv = bv * exists[:, None, :, None].to(bv.dtype)
             # A sequence with no landmark at all would get an all-masked row (NaN); its W is
             # zero, so letting it attend to the empty landmarks gives the right zeros.
             land_keep = (exists | ~exists.any(dim=1, keepdim=True))[:, None, None, :]
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
+
+    def landmark_values(
+        self,
+        q_land: Tensor,
+        k_land: Tensor,
+        exists: Tensor | None,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+    ) -> Tensor:
+        """W = pinv(A) (Bk V): (B, H, m, d), the values the queries attend to over k~.
+
+        Its own function so that A, pinv(A) and Bk V are freed before the last attention runs:
+        the forward's peak stays at the output plus O(m d).
+        """
+        a = self.landmark_kernel(q_land, k_land, exists)
+        token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
+        if exists is not None:
+            bv = bv * exists[:, None, :, None].to(bv.dtype)
+        with torch.autocast(device_type=q_land.device.type, enabled=False):
             # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
             z = self.pseudo_inverse(a)
-            w = (z @ bv.to(z.dtype)).to(v.dtype)  # (B, H, m, d)
-        return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
+            return (z @ bv.to(z.dtype)).to(v.dtype)
