@@ -9,11 +9,16 @@ code 2 instead of deep inside a sweep.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import logging
+import os
+import shutil
 import traceback
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -23,11 +28,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+from rich.markup import escape
 
 from nyscli.attention import AttentionConfigError
-from nyscli.errors import UserInputError
+from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
 from nyscli.paths import CONF_DIR
@@ -36,10 +42,14 @@ from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
 from nyscli.report.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.train import distributed
+from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
 OUTPUT_ROOT = "outputs"
+ENV_FILE = "env.json"
+# What every run folder holds from its first second; a failed run with nothing else is removed.
+BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)
 USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
 LAUNCHER_PACKAGES = {
@@ -68,6 +78,14 @@ def one_line(error: BaseException) -> str:
         if first not in text:
             text += f" ({first})"
     return text
+
+
+def fault_line(error: BaseException) -> str:
+    """One line for a user error, or for an OS fault (file, reason, what to do)."""
+    # Hydra's MissingConfigException is an IOError too, but a user error, not a disk fault.
+    if isinstance(error, OSError) and not isinstance(error, USER_ERRORS):
+        return describe_os_error(error)
+    return one_line(error)
 
 
 def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
@@ -108,9 +126,9 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def config_multirun(command: str, overrides: list[str]) -> bool:
-    """Whether the composed config puts Hydra in multirun mode (every cluster preset but
-    ``local`` does), exactly as Hydra decides it; missing configs raise here."""
+def compose_hydra(command: str, overrides: list[str]) -> DictConfig:
+    """The ``hydra`` node of the composed config (mode, run and sweep dirs), as Hydra decides
+    it; missing configs raise here."""
     with hydra.initialize_config_dir(
         config_dir=str(CONF_DIR), version_base="1.3", job_name=command
     ):
@@ -121,18 +139,58 @@ def config_multirun(command: str, overrides: list[str]) -> bool:
             with_log_configuration=False,
             validate_sweep_overrides=False,
         )
-    return cfg.hydra.mode == RunMode.MULTIRUN
+    return cfg.hydra
+
+
+def config_multirun(command: str, overrides: list[str]) -> bool:
+    """Whether the composed config puts Hydra in multirun mode (every cluster preset but
+    ``local`` does)."""
+    return compose_hydra(command, overrides).mode == RunMode.MULTIRUN
+
+
+def preflight(command: str, overrides: list[str]) -> str | None:
+    """A line saying there is nothing to run (the command's ``preflight``, e.g. ``resume=``
+    names a finished run), or None; checked before a run folder exists."""
+    check = getattr(experiment_module(command), "preflight", None)
+    if check is None:
+        return None
+    task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    with hydra.initialize_config_dir(
+        config_dir=str(CONF_DIR), version_base="1.3", job_name=command
+    ):
+        return check(hydra.compose(config_name=command, overrides=task_overrides))
 
 
 def validate_jobs(command: str, overrides: list[str], multirun: bool) -> None:
-    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one."""
+    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one.
+
+    HydraConfig is set to each job's, so ``validate`` sees the overrides and group choices
+    exactly as it will inside the run.
+    """
     task_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     module = experiment_module(command)
     with hydra.initialize_config_dir(
         config_dir=str(CONF_DIR), version_base="1.3", job_name=command
     ):
         for job in job_overrides(task_overrides, multirun):
-            module.validate(hydra.compose(config_name=command, overrides=job))
+            cfg = hydra.compose(config_name=command, overrides=job, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            module.validate(cfg)
+
+
+def existing_run(folder: Path) -> Path | None:
+    """The first run folder at or below ``folder`` (it holds ``.hydra/``, results or
+    checkpoints), or None: such a folder is never written into again."""
+    if not folder.is_dir():
+        return None
+    marks = (".hydra", RESULTS_FILE, ERROR_FILE, "metrics.csv", "checkpoints")
+    for mark in marks:
+        found = sorted(folder.rglob(mark))
+        if found:
+            return found[0].parent
+    return None
 
 
 class Task:
@@ -154,16 +212,20 @@ class Task:
         main = distributed.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
             env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"))
-            write_json(env, run_dir / "env.json")
+            try:
+                write_json(env, run_dir / ENV_FILE)
+            except OSError as error:
+                raise Abort(describe_os_error(error), 2) from error
         else:
             logging.getLogger().setLevel(logging.WARNING)
         nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))
         try:
             module.validate(cfg)
             df = distributed.run_on_ranks(module.run, cfg, run_dir, console, nproc)
-        except USER_ERRORS as error:
-            message = one_line(error)
-            write_text(message + "\n", run_dir / ERROR_FILE)
+        except (*USER_ERRORS, OSError) as error:
+            message = fault_line(error)
+            with contextlib.suppress(OSError):  # the disk may be the very thing that failed
+                write_text(message + "\n", run_dir / ERROR_FILE)
             if not multirun:
                 raise Abort(message, 2) from error
             log.error("job failed: %s", message)
@@ -189,6 +251,35 @@ def _run_folder(base: Path, shared: bool) -> Path:
     return base
 
 
+def check_new_folder(key: str, target: Path) -> Path | None:
+    """Refuse ``key=target`` when ``target`` already holds a run (runs are never overwritten)
+    or cannot be written; create it. Returns ``target`` if this call created it, else None."""
+    if target.exists() and not target.is_dir():
+        raise UserInputError(f"{key}={target} is a file, not a folder; give a new folder")
+    run = existing_run(target)
+    if run is not None:
+        raise UserInputError(
+            f"{key}={target} already holds a run ({run}); runs are never overwritten: "
+            f"give a new folder, or resume=<run folder> to continue one"
+        )
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(target))
+    return target if created else None
+
+
+def discard_failed(folder: Path) -> None:
+    """Remove a run folder that failed before it produced anything but bookkeeping (config,
+    env.json, error.txt, the log): an error-only folder is no run. Anything else (metrics,
+    checkpoints) keeps the folder, marked failed by its error.txt."""
+    if not folder.is_dir():
+        return
+    keep = [p for p in folder.iterdir() if p.name not in BOOKKEEPING and p.suffix != ".log"]
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _overrides_key(overrides: list[str], key: str) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
 
@@ -197,31 +288,53 @@ def launch(command: str, arguments: list[str]) -> int:
     """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
     parser = get_args_parser()
     parser.prog = f"nys {command}"
-    args = parser.parse_intermixed_args(arguments)
+
+    def usage_error(message: str) -> NoReturn:  # argparse would print its usage block
+        raise UserInputError(f"{message}; see nys {command.replace('_', '-')} --help")
+
+    parser.error = usage_error  # type: ignore[method-assign]
+    try:
+        args = parser.parse_intermixed_args(arguments)
+    except UserInputError as error:
+        console.print(f"[red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        return 2
     hydra.version.setbase("1.3")
     multirun = bool(args.multirun)
     inspecting = bool(
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
     sweep_dir = None
+    fresh = None  # the run folder this launch created: removed again if the run fails early
     if not inspecting:
         try:
-            multirun = multirun or config_multirun(command, list(args.overrides))
+            hydra_node = compose_hydra(command, list(args.overrides))
+            multirun = multirun or hydra_node.mode == RunMode.MULTIRUN
             validate_jobs(command, list(args.overrides), multirun)
+            done = None if multirun else preflight(command, list(args.overrides))
+            if done:  # e.g. resume= names a finished run: nothing to run, no folder
+                console.print(escape(done), highlight=False, soft_wrap=True)
+                return 0
             key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
             given = _overrides_key(args.overrides, key)
+            world = distributed.world_from_env()
+            if given:
+                target = Path(str(hydra_node.sweep.dir if multirun else hydra_node.run.dir))
+                # The ranks of one torchrun/srun world all run this and share the folder.
+                if world is None or world.size < 2:
+                    fresh = check_new_folder(key, target)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
             shared = None if given else distributed.shared_run_name()
-        except USER_ERRORS as error:
-            message = missing_launcher(error, args.overrides) or one_line(error)
-            console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+            if not given:
+                root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
+                name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+                folder = _run_folder(root / name, shared is not None)
+                args.overrides.append(f"{key}={folder}")
+                sweep_dir = folder if multirun else None
+                fresh = None if shared else folder
+        except (*USER_ERRORS, OSError) as error:
+            message = missing_launcher(error, args.overrides) or fault_line(error)
+            console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
-        if not given:
-            root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
-            name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            folder = _run_folder(root / name, shared is not None)
-            args.overrides.append(f"{key}={folder}")
-            sweep_dir = folder if multirun else None
     try:
         _run_hydra(
             args=args,
@@ -230,8 +343,11 @@ def launch(command: str, arguments: list[str]) -> int:
             config_path=str(CONF_DIR),
             config_name=command,
         )
-    except Abort as abort:
-        console.print(f"[red]error:[/] {abort.message}", highlight=False, soft_wrap=True)
+    except (Abort, TrainingInterrupted) as abort:
+        # An interrupted run keeps its folder: the message says how to resume it.
+        if isinstance(abort, Abort) and fresh is not None and not multirun:
+            discard_failed(fresh)
+        console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
         return abort.code
     except SystemExit:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):

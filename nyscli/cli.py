@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
+from rich.markup import escape
 
+try:  # Typer >= 0.26 vendors click; older ones use the click package
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
+
+from nyscli.errors import UserInputError, describe_os_error
 from nyscli.paths import CONF_DIR
+from nyscli.report.console import console
 
-# Only typer and the config folder at import time: torch, Hydra and the experiments load when a
-# command runs, so ``nys --help`` and tab completion answer in well under a second.
+# Only typer, rich and the config folder at import time: torch, Hydra and the experiments load
+# when a command runs, so ``nys --help`` and tab completion answer in well under a second.
 
 app = typer.Typer(
     help="nys: measure and reproduce Nyström attention and its rivals (Xiong et al., AAAI 2021).",
@@ -50,10 +60,22 @@ def _list(values: list | None) -> str:
 def run_hydra_command(
     command: str, typed: dict[str, object], overrides: list[str] | None, multirun: bool
 ) -> None:
-    """Typed options (None = keep the YAML default) + free overrides -> Hydra."""
+    """Typed options (None = keep the YAML default) + free overrides -> Hydra.
+
+    A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
+    """
     from nyscli.bridge import launch
 
-    arguments = [f"{key}={value}" for key, value in typed.items() if value is not None]
+    given = {key: value for key, value in typed.items() if value is not None}
+    for override in overrides or []:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in given:
+            name = key.split("@")[-1]  # finetune's task= is finetune_task@task= for Hydra
+            fail(
+                f"{name} is given twice, by a typed option ({name}={given[key]}) and by the "
+                f"override {override.split('@')[-1]}; give it once"
+            )
+    arguments = [f"{key}={value}" for key, value in given.items()]
     arguments += list(overrides or [])
     if multirun:
         arguments.insert(0, "--multirun")
@@ -242,21 +264,46 @@ def report(
     ),
 ) -> None:
     """Aggregate run folders (also partly failed sweeps) into one table and one CSV."""
-    from nyscli.errors import UserInputError
     from nyscli.experiments.report import show_report
-    from nyscli.report.console import console
 
     if out is None and len(paths) == 1 and paths[0].is_dir():
         out = paths[0] / "summary.csv"
+    elif out is not None and out.is_dir():
+        fail(f"--out={out} is a folder; give a file name, e.g. --out {out / 'summary.csv'}")
+    elif out is not None and not out.parent.is_dir():
+        fail(f"--out={out}: the folder {out.parent} does not exist; create it or give another")
     try:
-        show_report(paths, out)
+        show_report(paths, out, figures=out.parent if out is not None else None)
     except UserInputError as error:
-        console.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(str(error))
+    except OSError as error:
+        fail(describe_os_error(error))
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` as one line and exit with ``code``."""
+    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def main() -> None:
-    app()
+    """The ``nys`` entry point. Typer's usage errors (an unknown option, ``--steps abc``) are
+    one line and exit code 2 here, instead of Typer's multi-line panel."""
+    try:
+        code = app(standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as error:
+        error.show()
+        code = 0
+    except click_errors.ClickException as error:
+        message = " ".join(error.format_message().split()).rstrip(".")
+        ctx = getattr(error, "ctx", None)
+        hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
+        console.print(f"[red]error:[/] {escape(message)}{hint}", highlight=False, soft_wrap=True)
+        code = error.exit_code
+    except typer.Abort:
+        console.print("[red]error:[/] aborted", highlight=False)
+        code = 1
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_
     [
         (["attention=nope"], "Could not find 'attention/nope'"),
         (["attention.num_landmarks=0"], "num_landmarks=0"),
-        (["--seq-len", "-5"], "seq_len=-5"),
+        (["--seq-len", "-5"], "seq_lens=[-5]"),
         (["no_such_key=1"], "Could not override 'no_such_key'"),
         (["scope=everything"], "scope=everything"),
         (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),

@@ -56,8 +56,8 @@ def test_lra_runs_stops_resumes_and_rejects_a_corrupt_checkpoint(run_nys, tmp_pa
     assert (metrics.split == "test").sum() == 1
     assert "test %" in resumed.stdout
 
-    (second / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
-    broken = run_nys("lra", *TINY, cache, f"resume={second}")
+    (run / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")  # the unfinished run
+    broken = run_nys("lra", *TINY, cache, f"resume={run}")
     assert broken.returncode == 2
     assert "corrupt or unreadable" in broken.stdout
     assert "Traceback" not in broken.stdout + broken.stderr

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from nyscli.bridge import CONF_DIR
@@ -226,7 +227,10 @@ def test_resumed_run_gives_the_same_metrics_as_an_uninterrupted_one(tmp_path):
     ]
     console = Console(quiet=True)
     straight = pretrain.run(compose_cfg(base), tmp_path / "straight", console)
-    pretrain.run(compose_cfg([*base, "trainer.stop_at_step=3"]), tmp_path / "first", console)
+    first = compose_cfg([*base, "trainer.stop_at_step=3"])
+    pretrain.run(first, tmp_path / "first", console)
+    (tmp_path / "first" / ".hydra").mkdir()
+    OmegaConf.save(first, tmp_path / "first" / ".hydra" / "config.yaml")  # as Hydra records it
     resumed = pretrain.run(
         compose_cfg([*base, f"resume={tmp_path / 'first'}"]), tmp_path / "second", console
     )

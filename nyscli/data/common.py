@@ -14,10 +14,14 @@ Conventions used by all tasks:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import pickle
+import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nyscli.errors import UserInputError, naming
+
 PAD_ID = 0
 BYTE_OFFSET = 1
 BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
@@ -35,12 +41,62 @@ BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
 CACHE_ENV = "NYSCLI_DATA_CACHE"
 
 
-class DataError(ValueError):
+class DataError(UserInputError):
     """A user-facing data problem (missing path, malformed file), printed by the CLI as one line.
 
     Example message: ``data.path=/x does not exist; expected an aclImdb folder or a CSV with
     columns review,sentiment``.
     """
+
+
+# What reading a truncated, corrupt or foreign file raises (gzip, zlib, pickle, numpy, pandas,
+# tarfile, UTF-8 decoding): all become one DataError naming the file.
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    ValueError,
+    zlib.error,
+    pickle.UnpicklingError,
+    tarfile.TarError,
+    KeyError,
+    IndexError,
+)
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike[str], option: str, expected: str) -> Iterator[None]:
+    """Turn any error raised while reading ``path`` into one DataError: the option, the file,
+    the reason and what was ``expected`` (e.g. ``"a CSV with columns review,sentiment"``)."""
+    try:
+        yield
+    except DataError as error:
+        if str(path) in str(error):
+            raise
+        raise DataError(f"{path}: {error}") from None
+    except READ_ERRORS as error:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS):
+            raise  # a fault of the disk or permissions, not of the file's content
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise DataError(
+            f"{option}: cannot read {path} ({type(error).__name__}: {reason}); expected "
+            f"{expected}; if it was downloaded, the download may be incomplete: fetch it again"
+        ) from None
+
+
+def read_text_file(path: Path, option: str, max_bad: float = 0.01) -> str:
+    """A UTF-8 text file's content; DataError if it is missing, binary (NUL bytes) or more than
+    ``max_bad`` of it is not UTF-8 (a few bad bytes are replaced, as in scraped text)."""
+    if not path.is_file():
+        raise DataError(f"{option}={path} is not a readable file; give a UTF-8 text file")
+    with reading(path, option, "a UTF-8 text file"):
+        raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
+    if b"\x00" in raw or bad > max_bad * max(len(text), 1):
+        raise DataError(
+            f"{option}={path} is a binary file, not UTF-8 text; give a UTF-8 text file"
+        )
+    return text
 
 
 def default_cache_dir() -> Path:
@@ -64,6 +120,50 @@ def require_file(path: Path, what: str, option: str = "data.path") -> Path:
     return path
 
 
+def require_examples(sizes: dict[str, int], what: str, source: object) -> None:
+    """A one-line error if the train split or any labelled split of ``source`` is empty:
+    training or scoring on nothing is never a result."""
+    empty = [split for split, size in sizes.items() if size == 0]
+    if "train" not in sizes:
+        empty.insert(0, "train")
+    if empty:
+        raise DataError(
+            f"{what}: {source} has no labelled examples in split(s) {', '.join(empty)}; "
+            "check the data folder (or the generator settings)"
+        )
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on the shared console for a slow data step; yields ``advance(k)``.
+
+    Disappears when done (the caller logs what was made); on a non-terminal it stays quiet.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from nyscli.report.console import console
+
+    bar = Progress(
+        TextColumn("[bold]{task.description}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda k: bar.advance(task, k)
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp file next to ``path``; on success ``os.replace`` it onto ``path``.
@@ -78,6 +178,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)
+    except OSError as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise naming(error, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -230,7 +334,11 @@ class ClassificationCollate:
 
 @dataclass(frozen=True)
 class TaskData:
-    """What a trainer needs for one task: three splits, vocabulary/class sizes and a collate."""
+    """What a trainer needs for one task: three splits, vocabulary/class sizes and a collate.
+
+    ``dataset`` names the data actually read (e.g. ``CIFAR-10``); a stand-in for the
+    benchmark's own data says "substitute" in it, and reports show it as given.
+    """
 
     train: Dataset
     val: Dataset
@@ -238,6 +346,7 @@ class TaskData:
     vocab_size: int
     num_classes: int
     collate: Callable[[Sequence[Any]], tuple[torch.Tensor, ...]]
+    dataset: str = ""
 
     @classmethod
     def from_splits(
@@ -246,9 +355,12 @@ class TaskData:
         vocab_size: int,
         num_classes: int,
         collate: Callable[[Sequence[Any]], tuple[torch.Tensor, ...]],
+        dataset: str = "",
     ) -> TaskData:
         """From ``{"train": ..., "val": ..., "test": ...}``."""
-        return cls(sets["train"], sets["val"], sets["test"], vocab_size, num_classes, collate)
+        return cls(
+            sets["train"], sets["val"], sets["test"], vocab_size, num_classes, collate, dataset
+        )
 
 
 SPLITS = ("train", "val", "test")

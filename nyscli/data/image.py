@@ -11,8 +11,10 @@ Grayscale uses the ITU-R 601 luminance weights that LRA's ``tf.image.rgb_to_gray
 uses (0.2989, 0.5870, 0.1140), rounded to the nearest integer. (TF converts back to uint8
 by truncating ``x * 255.5 / 255``; the results differ by at most one grey level.)
 
-Fashion-MNIST: the IDX files ``{train,t10k}-{images-idx3,labels-idx1}-ubyte`` (gzip'd with
-``.gz`` or not), e.g. from the Debian package ``dataset-fashion-mnist`` in
+Fashion-MNIST (the offline substitute for CIFAR-10: 10 classes, but clothing photographed on
+a plain background, so much easier): the IDX files
+``{train,t10k}-{images-idx3,labels-idx1}-ubyte`` (gzip'd with ``.gz`` or not), e.g. from the
+Debian package ``dataset-fashion-mnist`` in
 ``/usr/share/datasets/fashion-mnist``. IDX: 2 zero bytes, a type byte (0x08 = uint8), the
 number of dimensions, then each dimension as a big-endian uint32, then the data. The 28x28
 images are zero-padded by 2 pixels on each side to 32x32.
@@ -38,6 +40,7 @@ from nyscli.data.common import (
     DataError,
     TaskData,
     image_dataset,
+    reading,
     require_path,
     split_counts,
 )
@@ -48,6 +51,9 @@ GRAY_WEIGHTS = (0.2989, 0.5870, 0.1140)
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_HINT = "sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu package)"
+CIFAR10 = "CIFAR-10"
+FASHION_MNIST = "Fashion-MNIST (substitute for CIFAR-10)"
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -74,7 +80,7 @@ def _cifar_blobs(path: Path) -> dict[str, bytes]:
     """Raw bytes of the six batch files from a folder or the .tar.gz archive."""
     names = (*CIFAR_TRAIN, CIFAR_TEST)
     if path.is_file():
-        with tarfile.open(path) as tar:
+        with reading(path, "data.path", "cifar-10-python.tar.gz"), tarfile.open(path) as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
             missing = [n for n in names if n not in members]
             if missing:
@@ -82,7 +88,8 @@ def _cifar_blobs(path: Path) -> dict[str, bytes]:
             return {n: tar.extractfile(members[n]).read() for n in names}  # type: ignore[union-attr]
     for root in (path, path / "cifar-10-batches-py"):
         if all((root / n).is_file() for n in names):
-            return {n: (root / n).read_bytes() for n in names}
+            with reading(root, "data.path", "the CIFAR-10 python batches"):
+                return {n: (root / n).read_bytes() for n in names}
     raise DataError(
         f"data.path={path}: no data_batch_1..5 and test_batch; expected the CIFAR-10 python "
         "version (cifar-10-batches-py folder or cifar-10-python.tar.gz)"
@@ -106,9 +113,10 @@ def read_cifar10(path: str | os.PathLike[str]) -> dict[str, tuple[np.ndarray, np
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """An IDX array (gzip detected by its magic bytes, not the file name)."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+    with reading(path, "data.path", "a Fashion-MNIST IDX file"):
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
         raise DataError(f"{path}: not an IDX file")
     ndim = raw[3]
@@ -134,6 +142,11 @@ def read_fashion_mnist(
     path: str | os.PathLike[str] = FASHION_MNIST_DIR,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{"train": (images (60000, 32, 32) uint8, labels), "test": (10000, ...)}``, padded."""
+    if Path(path) == FASHION_MNIST_DIR and not FASHION_MNIST_DIR.is_dir():
+        raise DataError(
+            f"Fashion-MNIST is not installed at {FASHION_MNIST_DIR}: {FASHION_MNIST_HINT}; "
+            "or give task.data.path=<cifar-10-batches-py> for CIFAR-10"
+        )
     root = require_path(path, "a folder with Fashion-MNIST IDX files (train-images-idx3-ubyte)")
     out = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
@@ -156,7 +169,9 @@ def pad_to(images: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def _task(raw: dict[str, tuple[np.ndarray, np.ndarray]], val_fraction: float) -> TaskData:
+def _task(
+    raw: dict[str, tuple[np.ndarray, np.ndarray]], val_fraction: float, dataset: str
+) -> TaskData:
     """Train/val/test image datasets; val is the last ``val_fraction`` of train (as LRA)."""
     images, labels = raw["train"]
     n_train = split_counts(len(labels), (1.0 - val_fraction, val_fraction))[0]
@@ -169,16 +184,17 @@ def _task(raw: dict[str, tuple[np.ndarray, np.ndarray]], val_fraction: float) ->
         vocab_size=VOCAB_SIZE,
         num_classes=NUM_CLASSES,
         collate=ClassificationCollate(seq_len),
+        dataset=dataset,
     )
 
 
 def load_cifar10(path: str | os.PathLike[str], *, val_fraction: float = 0.1) -> TaskData:
     """Grey CIFAR-10 datasets of ``(pixel ids (1024,), label)``: 45k/5k/10k by default."""
-    return _task(read_cifar10(path), val_fraction)
+    return _task(read_cifar10(path), val_fraction, CIFAR10)
 
 
 def load_fashion_mnist(
     path: str | os.PathLike[str] = FASHION_MNIST_DIR, *, val_fraction: float = 0.1
 ) -> TaskData:
     """Fashion-MNIST datasets of ``(pixel ids (1024,), label)`` padded to 32x32: 54k/6k/10k."""
-    return _task(read_fashion_mnist(path), val_fraction)
+    return _task(read_fashion_mnist(path), val_fraction, FASHION_MNIST)

@@ -61,6 +61,7 @@ from nyscli.data.common import (
     TaskData,
     atomic_writer,
     ensure_generated,
+    reading,
     require_file,
     require_path,
 )
@@ -444,7 +445,7 @@ def read_listops_tsv(
     """
     path = require_path(path, "a ListOps TSV file (Source<TAB>Target)")
     ids_parts, count_parts, label_parts = [], [], []
-    with open(path, "rb") as f:
+    with reading(path, "data_dir", "a ListOps TSV file"), open(path, "rb") as f:
         first = f.readline()
         rest = b"" if first.split(b"\t")[0].strip() == b"Source" else first
         while True:
@@ -497,14 +498,16 @@ def load_listops(
     """
     if data_dir is not None:
         paths = official_split_paths(data_dir)
+        dataset = "ListOps (release)"
     else:
         paths = ensure_listops_files(cache_dir, config or ListOpsConfig())
+        dataset = "ListOps (generated)"
     sets = {}
     for split, path in paths.items():
         seqs, labels = read_listops_tsv(path, keep_parens=keep_parens)
         sets[split] = SequenceClassificationDataset(seqs, labels)
     collate = ClassificationCollate(max_len, PAD_ID, pad_to_max_len)
-    return TaskData.from_splits(sets, VOCAB_SIZE, NUM_CLASSES, collate)
+    return TaskData.from_splits(sets, VOCAB_SIZE, NUM_CLASSES, collate, dataset)
 
 
 def _benchmark(n: int = 96_000) -> None:  # pragma: no cover - manual timing helper

@@ -33,10 +33,12 @@ its label. Labels are balanced in every prefix up to one: samples 2j and 2j + 1 
 opposite labels in random order.
 
 Cost: about 2.5 / 3 / 4.5 ms of CPU per image for contour length 6 / 9 / 14 (measured on a
-shared 2-core machine), so the release-sized 200k hard images take ~15 CPU-minutes once;
-chunks of 1000 images are seeded independently (``default_rng([seed, split, chunk])``) and
-``workers`` processes generate them in parallel with identical results. Splits are cached
-as ``.npz``; a split of n images is a prefix of the same split with more.
+shared 2-core machine; 10.4 ms for 1000 hard images with the same 2 cores under a load of
+~9.5), so the release-sized 200k hard images take 15-35 CPU-minutes, i.e. 8-17 minutes with
+2 workers on 2 free cores, once (a progress bar counts them). Chunks of 1000 images are
+seeded independently (``default_rng([seed, split, chunk])``) and ``workers`` processes
+generate them in parallel with identical results. Splits are cached as ``.npz``; a split of
+n images is a prefix of the same split with more.
 
 Release layout (``lra_release/pathfinder32/``; read by the release's TFDS builder and by
 state-spaces/s4): ``<root>/<difficulty>/metadata/<n>.npy`` with ``<difficulty>`` one of
@@ -52,8 +54,10 @@ rows is accepted too.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -72,9 +76,13 @@ from nyscli.data.common import (
     ensure_generated,
     image_dataset,
     keyed_cache_dir,
+    progress_bar,
+    reading,
     require_path,
     split_counts,
 )
+
+log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 256
 NUM_CLASSES = 2
@@ -464,16 +472,23 @@ def generate_split(cfg: PathfinderConfig, split: str, workers: int = 1) -> dict:
     """All ``cfg.split_size(split)`` samples of ``split`` as in :func:`generate_chunk`.
 
     Chunks are independent, so ``workers > 1`` runs them in processes with the same result.
+    A progress bar counts the images.
     """
     n = cfg.split_size(split)
     jobs = [(cfg, split, c, min(CHUNK, n - c * CHUNK)) for c in range(-(-n // CHUNK))]
-    if workers > 1 and len(jobs) > 1:
-        # The platform's default start method (fork on Linux): the workers run numpy only,
-        # never torch, and fork also works from notebooks and unguarded scripts.
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            parts = list(pool.map(_chunk_job, jobs))
-    else:
-        parts = [_chunk_job(j) for j in jobs]
+    parts = []
+    with progress_bar(f"pathfinder: generating {split}", n) as advance:
+        if workers > 1 and len(jobs) > 1:
+            # The platform's default start method (fork on Linux): the workers run numpy only,
+            # never torch, and fork also works from notebooks and unguarded scripts.
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+                for part in pool.map(_chunk_job, jobs):  # in order, as chunks finish
+                    parts.append(part)
+                    advance(len(part["labels"]))
+        else:
+            for job in jobs:
+                parts.append(_chunk_job(job))
+                advance(job[3])
     size = cfg.image_size
     if not parts:
         return {
@@ -496,13 +511,18 @@ def ensure_pathfinder_files(
     ``images`` (n, H, W) uint8, ``labels`` (n,) int64 and ``endpoints`` (n, 2, 2) int16.
     """
     cfg = cfg or PathfinderConfig()
+
+    def make(path: Path, split: str) -> None:
+        started = time.perf_counter()
+        atomic_save_npz(path, **generate_split(cfg, split, workers))
+        log.info(
+            "pathfinder: generated %d %s images in %.0f s (%d worker%s) -> %s",
+            cfg.split_size(split), split, time.perf_counter() - started, workers,
+            "" if workers == 1 else "s", path,
+        )  # fmt: skip
+
     return ensure_generated(
-        cache_dir,
-        "pathfinder",
-        cfg,
-        splits,
-        lambda split, n: f"{split}-{n}.npz",
-        lambda path, split: atomic_save_npz(path, **generate_split(cfg, split, workers)),
+        cache_dir, "pathfinder", cfg, splits, lambda split, n: f"{split}-{n}.npz", make
     )
 
 
@@ -525,13 +545,14 @@ def _difficulty_dir(root: Path, difficulty: str) -> Path:
 
 def read_metadata(path: Path) -> list[list[str]]:
     """Rows of one metadata file: text lines split on whitespace, or a binary ``np.save``."""
-    raw = path.read_bytes()
-    if raw.startswith(b"\x93NUMPY"):
-        import io
+    with reading(path, "data.path", "a Pathfinder metadata file"):
+        raw = path.read_bytes()
+        if raw.startswith(b"\x93NUMPY"):
+            import io
 
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
-        return [[str(v) for v in row] for row in np.atleast_2d(arr)]
-    return [line.split() for line in raw.decode("utf-8").splitlines() if line.strip()]
+            arr = np.load(io.BytesIO(raw), allow_pickle=False)
+            return [[str(v) for v in row] for row in np.atleast_2d(arr)]
+        return [line.split() for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
 def _meta_key(p: Path) -> tuple[int, int | str]:
@@ -606,7 +627,7 @@ def load_pathfinder(
     ``data_dir`` given: the release folder, split 80/10/10 in metadata order (as LRA).
     ``data_dir`` None: generated with ``config`` (default: the release's 32x32 settings with
     the contour length of ``difficulty``), cached under ``cache_dir``, by ``workers``
-    processes (default: all CPUs).
+    processes (default: all CPUs; ``nys lra`` passes ``threads`` when it is set).
     """
     workers = workers or os.cpu_count() or 1
     if data_dir is not None:
@@ -617,6 +638,7 @@ def load_pathfinder(
             for i, s in enumerate(SPLITS)
         }
         seq_len = images.shape[1] * images.shape[2]
+        dataset = f"Pathfinder {difficulty} (release)"
     else:
         if config is None:
             if difficulty not in DIFFICULTY_CONTOUR_LENGTH:
@@ -628,4 +650,6 @@ def load_pathfinder(
             with np.load(path) as z:
                 sets[split] = image_dataset(z["images"], z["labels"])
         seq_len = config.image_size**2
-    return TaskData.from_splits(sets, VOCAB_SIZE, NUM_CLASSES, ClassificationCollate(seq_len))
+        dataset = f"Pathfinder-{config.image_size} {difficulty} (generated)"
+    collate = ClassificationCollate(seq_len)
+    return TaskData.from_splits(sets, VOCAB_SIZE, NUM_CLASSES, collate, dataset)

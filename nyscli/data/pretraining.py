@@ -14,6 +14,7 @@ Pipeline of :func:`prepare_pretraining`:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +25,21 @@ import torch
 from torch.utils.data import Dataset
 
 from nyscli.data.common import (
+    READ_ERRORS,
     DataError,
     RaggedSequences,
     atomic_save_npz,
     default_cache_dir,
     keyed_cache_dir,
+    reading,
 )
 from nyscli.data.corpus import Corpus, document_sentences, read_corpus, split_documents
 from nyscli.text.tokenizer import WordPieceTokenizer
 
 TOKENIZER_KINDS = ("wordpiece", "vocab_file", "bert_base_uncased")
 SPECIAL_SLOTS = 3  # [CLS] A [SEP] B [SEP]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,15 @@ def tokenize_corpus(
     key = {"corpus": corpus.identity, "tokenizer": tokenizer.fingerprint(), "format": "sent-v1"}
     path = keyed_cache_dir(_cache_root(cache_dir), "pretrain-tokens", key) / "tokens.npz"
     if path.exists():
-        with np.load(path) as saved:
-            return TokenizedCorpus(
-                RaggedSequences(saved["flat"], saved["offsets"]), saved["doc_offsets"]
-            )
+        try:
+            with np.load(path) as saved:
+                return TokenizedCorpus(
+                    RaggedSequences(saved["flat"], saved["offsets"]), saved["doc_offsets"]
+                )
+        except READ_ERRORS as error:  # our own cache, damaged outside nys: build it again
+            if isinstance(error, PermissionError):
+                raise
+            log.warning("cache %s is unreadable (%s); rebuilding it", path, type(error).__name__)
     texts, doc_offsets = document_sentences(corpus.documents)
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
     ids = [np.asarray(s, dtype=dtype) for s in tokenizer.encode_batch(texts)]
@@ -169,7 +179,8 @@ def load_tokenizer(
     if kind == "vocab_file":
         if not settings.get("path"):
             raise DataError("tokenizer=vocab_file needs tokenizer.path=<vocab.txt>")
-        return WordPieceTokenizer.from_vocab(Path(settings.path))
+        with reading(settings.path, "tokenizer.path", "a BERT vocab.txt (UTF-8)"):
+            return WordPieceTokenizer.from_vocab(Path(settings.path))
     if kind == "bert_base_uncased":
         return WordPieceTokenizer.bert_base_uncased()
     if kind != "wordpiece":

@@ -12,6 +12,9 @@ Sources (``source`` argument of :func:`load_imdb` / :func:`read_imdb`):
 * ``"imdb"`` or ``"hf:imdb"`` (when no such local path exists): Hugging Face ``datasets``
   (needs the package and network access on first use).
 
+With no source given, :func:`default_imdb_source` takes the IMDB CSV of ``../shared/data``
+beside the checkout when it is there (this project's machines and CI), else ``"imdb"``.
+
 Encoding: UTF-8 bytes, id = byte + 1 (``BYTE_OFFSET``), 0 = padding, vocabulary 257, as
 LRA's ``ByteTextEncoder``. Texts are cut to ``max_len`` bytes (default 4000; the official
 LRA code uses 1000 for this task). As in LRA, the test set doubles as the validation set
@@ -33,6 +36,7 @@ from nyscli.data.common import (
     SequenceClassificationDataset,
     TaskData,
     encode_byte_texts,
+    reading,
     seeded_permutation,
 )
 
@@ -40,6 +44,9 @@ NUM_CLASSES = 2
 EXPECTED = "an aclImdb folder or a CSV with columns review,sentiment"
 SENTIMENTS = {"positive": 1, "pos": 1, "1": 1, "negative": 0, "neg": 0, "0": 0}
 HF_NAMES = ("imdb", "hf:imdb")
+# Relative to the checkout's parent (this project's machines keep ../shared beside it).
+SHARED_IMDB = Path("shared/data/imdb/aclImdb_v1_labeled.csv.gz")
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 Split = tuple[list[bytes], np.ndarray]  # texts (n,), labels (n,) int64
 
@@ -65,7 +72,8 @@ def read_aclimdb_folder(root: Path) -> dict[str, Split]:
         labels: list[int] = []
         for name, label in (("neg", 0), ("pos", 1)):
             files = sorted((root / split / name).glob("*.txt"), key=_review_key)
-            texts.extend(f.read_bytes() for f in files)
+            with reading(root, "data.path", EXPECTED):
+                texts.extend(f.read_bytes() for f in files)
             labels.extend([label] * len(files))
         out[split] = (texts, np.asarray(labels, dtype=np.int64))
     return out
@@ -75,11 +83,8 @@ def read_imdb_csv(path: Path, test_fraction: float = 0.5, seed: int = 0) -> dict
     """``{"train": ..., "test": ...}`` from a review/sentiment[/split] CSV (see module doc)."""
     import pandas as pd
 
-    try:
+    with reading(path, "data.path", EXPECTED):
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        msg = f"data.path={path}: cannot read as CSV ({exc}); expected {EXPECTED}"
-        raise DataError(msg) from None
     missing = {"review", "sentiment"} - set(df.columns)
     if missing:
         raise DataError(
@@ -128,6 +133,12 @@ def read_imdb_hf(name: str = "imdb") -> dict[str, Split]:
         s: ([t.encode("utf-8") for t in ds[s]["text"]], np.asarray(ds[s]["label"], np.int64))
         for s in ("train", "test")
     }
+
+
+def default_imdb_source(checkout: Path = CHECKOUT) -> str:
+    """``<checkout>/../shared/data/imdb/aclImdb_v1_labeled.csv.gz`` if it exists, else ``imdb``."""
+    path = checkout.parent / SHARED_IMDB
+    return str(path) if path.is_file() else "imdb"
 
 
 def read_imdb(
@@ -186,4 +197,5 @@ def load_imdb(
         vocab_size=BYTE_VOCAB_SIZE,
         num_classes=NUM_CLASSES,
         collate=ClassificationCollate(max_len, PAD_ID, pad_to_max_len),
+        dataset="IMDB",
     )

@@ -24,20 +24,34 @@ from nyscli.approx.metrics import METRIC_LABELS
 from nyscli.approx.sample_text import SAMPLE_TEXT
 from nyscli.approx.summary import summarise
 from nyscli.attention import AttentionConfigError, available, build_attention
+from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 SYNTHETIC_SEQ_LEN = 4096
 
 
-def _positive(cfg: DictConfig, key: str, integer: bool, allow_null: bool = False) -> None:
-    value = cfg.get(key)
-    if value is None and allow_null:
-        return
-    numeric = type(value) is int or (not integer and type(value) is float)
-    if not numeric or value <= 0:
-        what = "an integer >= 1" if integer else "a number > 0"
-        raise UserInputError(f"{key}={value} is not allowed; it must be {what}")
+RULES: dict[str, schema.Rule] = {
+    "source": schema.Choice(values=sources.SOURCES),
+    "seq_len": schema.OPTIONAL_COUNT,
+    "head_dim": schema.COUNT,
+    "heads": schema.COUNT,
+    "max_sequences": schema.COUNT,
+    "svd_max_seq_len": schema.COUNT,
+    "scale": schema.Float(low=0.0, low_open=True),
+    "correlation_length": schema.Float(low=0.0, low_open=True),
+    "max_matrix_mb": schema.Float(low=0.0, low_open=True),
+    "seed": schema.SEED,
+    "threads": schema.THREADS,
+    "plot_layer": schema.Int(low=0),
+    "plot_head": schema.Int(low=0),
+    "landmarks": schema.IntList(low=1, null=True),
+    "text_path": schema.Text(null=True),
+    "dtype": schema.Choice(values=tuple(DTYPES)),
+    "device": schema.DEVICE,
+    "plots": schema.Bool(),
+}
 
 
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -70,29 +84,10 @@ def resolve_device(name: str) -> torch.device:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
-    _one_of("source", cfg.source, sources.SOURCES)
+    schema.check(cfg, RULES)
+    schema.check_attentions([("attention", cfg.attention)])
     if cfg.source == "checkpoint":
         raise UserInputError(sources.CHECKPOINT_ERROR)
-    _positive(cfg, "seq_len", integer=True, allow_null=True)
-    for key in ("head_dim", "heads", "max_sequences", "svd_max_seq_len"):
-        _positive(cfg, key, integer=True)
-    for key in ("scale", "correlation_length", "max_matrix_mb"):
-        _positive(cfg, key, integer=False)
-    if type(cfg.seed) is not int:
-        raise UserInputError(f"seed={cfg.seed} is not allowed; it must be an integer")
-    if cfg.threads is not None:
-        _positive(cfg, "threads", integer=True)
-    for key in ("plot_layer", "plot_head"):
-        if type(cfg[key]) is not int or cfg[key] < 0:
-            raise UserInputError(f"{key}={cfg[key]} is not allowed; it must be an integer >= 0")
-    values = cfg.landmarks if OmegaConf.is_list(cfg.landmarks) else [cfg.landmarks]
-    if cfg.landmarks is not None and (
-        not values or any(type(m) is not int or m < 1 for m in values)
-    ):
-        raise UserInputError(
-            f"landmarks={cfg.landmarks} is not allowed; give integers >= 1, e.g. [16,32,64], "
-            "or null for attention.num_landmarks"
-        )
     if not cfg.methods and not cfg.baselines:
         raise UserInputError("methods=[] and baselines=[]: nothing to compare; name a method")
     for method in cfg.methods:
@@ -105,7 +100,6 @@ def validate(cfg: DictConfig) -> None:
             )
     for baseline in cfg.baselines:
         _one_of("baselines", baseline, approx_methods.BASELINES)
-    _one_of("dtype", cfg.dtype, tuple(DTYPES))
     device = str(cfg.device)
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise UserInputError(f"device={device} is not allowed; choose one of: auto, cpu, cuda")
@@ -126,8 +120,8 @@ def validate(cfg: DictConfig) -> None:
                 f"seq_len={cfg.seq_len} is not allowed with source=minilm; "
                 f"the model reads at most {sources.MINILM_MAX_TOKENS} tokens"
             )
-        if cfg.text_path is not None and not Path(cfg.text_path).is_file():
-            raise UserInputError(f"text_path={cfg.text_path} is not a readable file")
+        if cfg.text_path is not None:
+            read_text_file(Path(cfg.text_path), "text_path")
         hint = sources.minilm_missing()
         if hint:
             raise UserInputError(hint)
@@ -142,7 +136,9 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
         return [
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
-    text = SAMPLE_TEXT if cfg.text_path is None else Path(cfg.text_path).read_text("utf-8")
+    if cfg.text_path is None:
+        return sources.minilm(SAMPLE_TEXT, n, cfg.max_sequences)
+    text = read_text_file(Path(cfg.text_path), "text_path")
     return sources.minilm(text, n, cfg.max_sequences)
 
 

@@ -24,8 +24,10 @@ from rich.text import Text
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
 from nyscli.experiments.bench_worker import DTYPES
+from nyscli.report.paper import table1_rows
 from nyscli.report.plots import loglog_panels
 
 log = logging.getLogger(__name__)
@@ -35,26 +37,45 @@ MODES = ("forward", "train")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= 1")
-    return value
+RULES: dict[str, schema.Rule] = {
+    "seq_lens": schema.IntList(low=1),
+    "batch_size": schema.COUNT,
+    "hidden": schema.COUNT,
+    "num_heads": schema.COUNT,
+    "scope": schema.Choice(values=SCOPES),
+    "mode": schema.Choice(values=MODES),
+    "dtype": schema.Choice(values=tuple(DTYPES)),
+    "device": schema.Choice(values=DEVICES),
+    "baseline": schema.Text(null=True),
+    "warmup": schema.Int(low=0),
+    "repeats": schema.COUNT,
+    "min_repeats": schema.COUNT,
+    "time_budget_s": schema.Float(low=0.0, low_open=True),
+    "timeout_s": schema.Float(low=0.0, low_open=True),
+    "noise_threshold": schema.Float(low=0.0, low_open=True),
+    "memory_limit_mb": schema.Float(low=0.0, low_open=True, null=True),
+    "threads": schema.THREADS,
+    "seed": schema.SEED,
+}
 
 
-def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")
-    return str(value)
+def _override_keys() -> list[str]:
+    """The keys the command line overrode (``attention``, ``attention.num_landmarks``, ...)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
 
 
 def user_selected_attention() -> bool:
     """True if the command line chose an ``attention`` (``attention=x`` or ``attention.k=v``)."""
-    from hydra.core.hydra_config import HydraConfig
+    return any(key.split(".", 1)[0] == "attention" for key in _override_keys())
 
-    if not HydraConfig.initialized():
-        return False
-    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
-    return any(key.split(".", 1)[0] == "attention" for key in keys)
+
+def user_set(key: str) -> bool:
+    """True if the command line overrode ``key``."""
+    return key in _override_keys()
 
 
 def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, Any]]:
@@ -87,30 +108,36 @@ def resolve_device(name: str) -> str:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value before any measurement starts."""
-    seq_lens = list(cfg.seq_lens)
-    if not seq_lens:
-        raise UserInputError("seq_lens is empty; give at least one sequence length >= 1")
-    for n in seq_lens:
-        _positive_int(n, "seq_len")
-    for key in ("batch_size", "hidden", "num_heads", "repeats", "min_repeats"):
-        _positive_int(cfg[key], key)
-    noise = cfg.noise_threshold
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise <= 0:
-        raise UserInputError(f"noise_threshold={noise} is not allowed; it must be a number > 0")
-    if cfg.threads is not None:
-        _positive_int(cfg.threads, "threads")
-    _choice(cfg.scope, "scope", SCOPES)
-    _choice(cfg.mode, "mode", MODES)
-    _choice(cfg.dtype, "dtype", tuple(DTYPES))
-    _choice(cfg.device, "device", DEVICES)
+    schema.check(cfg, RULES)
+    if cfg.min_repeats > cfg.repeats:
+        raise UserInputError(
+            f"min_repeats={cfg.min_repeats} is not allowed; it must be <= repeats={cfg.repeats}"
+        )
     resolve_device(cfg.device)
     if cfg.hidden % cfg.num_heads:
         raise UserInputError(f"hidden={cfg.hidden} is not divisible by num_heads={cfg.num_heads}")
+    selected = user_selected_attention()
+    schema.check_attentions(
+        [("attention", cfg.attention)]
+        + [(f"attention_rows[{i}]", row) for i, row in enumerate(cfg.attention_rows)]
+    )
+    rows = attention_rows(cfg, include_selected=selected)
+    if not rows:
+        raise UserInputError(
+            "attention_set=none measures only an attention given on the command line; "
+            "add attention=<name> (e.g. attention=nystrom) or pick attention_set=table1"
+        )
     try:
         for row in attention_rows(cfg, include_selected=True):
             MultiHeadAttention(8 * cfg.num_heads, cfg.num_heads, row)
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from error
+    labels = [row_label(row) for row in rows]
+    if cfg.baseline is not None and cfg.baseline not in labels and user_set("baseline"):
+        raise UserInputError(
+            f"baseline={cfg.baseline} is not allowed; it must be a measured row: "
+            f"{', '.join(labels)} (or null)"
+        )
 
 
 def memory_limit_mb(cfg: DictConfig) -> float | None:
@@ -273,6 +300,8 @@ def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> T
                     text += f" [dim]({value / base[n]:.3g}×)[/]"
                 cells.append(text)
         table.add_row(str(row), *cells)
+    for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
+        table.add_row(name, *paper_cells, style="dim")
     return table
 
 

@@ -27,7 +27,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from nyscli.data.pairs import PairCollate, encode_examples
+from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.finetune_model import (
     SCRATCH,
@@ -44,11 +46,22 @@ from nyscli.experiments.finetune_tasks import (
     num_classes,
     seeded_subset,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    baseline_fields,
+    check_attention,
+    check_device,
+    check_values,
+    class_balance,
+    fit_schedule,
+    preflight,
+    run_context,
+    start_run,
+)
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
-from nyscli.report.tables import pct, rows_table
+from nyscli.report.paper import TABLE2
+from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,
@@ -62,18 +75,27 @@ from nyscli.train import (
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "learning_curve.png"
-# Table 2 of the paper: F1 for MRPC and QQP, accuracy otherwise (%); MNLI matched/mismatched.
-PAPER = {
-    "BERT-base (paper)": {"sst2": "90.0", "mrpc": "88.4", "qnli": "90.3", "qqp": "87.3",
-                          "mnli": "82.4/82.4", "imdb": "93.3"},
-    "Nyströmformer (paper)": {"sst2": "91.4", "mrpc": "88.1", "qnli": "88.7", "qqp": "86.3",
-                              "mnli": "80.9/82.2", "imdb": "93.2", "imdb@1024": "93.0"},
-}  # fmt: skip
+__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
-def _integer(value: Any, key: str, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= {low}")
+RULES: dict[str, schema.Rule] = {
+    "task.max_len": schema.Int(low=3),  # a pair needs [CLS] and two [SEP]
+    "task.batch_size": schema.COUNT,
+    "task.lr": schema.Float(low=0.0, low_open=True),
+    "task.weight_decay": schema.Float(low=0.0),
+    "task.steps": schema.OPTIONAL_COUNT,
+    "task.eval_every": schema.COUNT,
+    "task.eval_examples": schema.OPTIONAL_COUNT,
+    "task.dev_examples": schema.OPTIONAL_COUNT,
+    "task.test_examples": schema.OPTIONAL_COUNT,
+    "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
+    "init": schema.Text(),
+    "scratch.like": schema.Text(null=True),
+    "scratch.tokenizer": schema.Text(),
+    "data.dir": schema.Text(null=True),
+    "epochs": schema.Float(low=0.0, low_open=True),
+    "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
+}
 
 
 def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
@@ -89,16 +111,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    _integer(cfg.task.max_len, "task.max_len", 3)  # a pair needs [CLS] and two [SEP]
-    if isinstance(cfg.epochs, bool) or not isinstance(cfg.epochs, int | float) or cfg.epochs <= 0:
-        raise UserInputError(f"epochs={cfg.epochs} is not allowed; it must be a number > 0")
-    if cfg.warmup_ratio is not None and not 0 <= float(cfg.warmup_ratio) < 1:
-        raise UserInputError(f"warmup_ratio={cfg.warmup_ratio} is not allowed; use 0 <= r < 1")
-    for key in ("test_examples", "dev_examples"):
-        if cfg.task.get(key) is not None:
-            _integer(cfg.task[key], f"task.{key}")
-    if cfg.threads is not None:
-        _integer(cfg.threads, "threads")
+    check_values(cfg, RULES)
     check_device(cfg, trainer_config(cfg))
     if str(cfg.init) != SCRATCH:
         pretrained_folder(str(cfg.init), "init")
@@ -108,29 +121,15 @@ def validate(cfg: DictConfig) -> None:
         check_attention(cfg)
 
 
-def _same_setup(cfg: DictConfig):
-    """Predicate on an earlier run's config: same command, task, init, model and attention."""
-    keys = ("task", "init", "scratch", "model", "attention")
-    mine = {k: OmegaConf.to_container(OmegaConf.create({"v": cfg[k]}), resolve=True) for k in keys}
-
-    def matches(other: DictConfig) -> bool:
-        if other.get("command") != "finetune":
-            return False
-        try:
-            return all(
-                OmegaConf.to_container(OmegaConf.create({"v": other[k]}), resolve=True) == mine[k]
-                for k in keys
-            )
-        except Exception:  # an old config that no longer resolves is simply not a match
-            return False
-
-    return matches
+def planned_steps(cfg: DictConfig, train_examples: int, batch_size: int) -> int:
+    """The updates of ``epochs`` of full batches (before any trainer.max_steps cap)."""
+    return max(1, round(float(cfg.epochs) * (train_examples // batch_size or 1)))
 
 
 def schedule(cfg: DictConfig, train_examples: int, batch_size: int) -> tuple[int, int]:
     """(updates, warm-up updates): ``epochs`` of full batches, capped by trainer.max_steps;
     warm-up ``warmup_ratio`` of them (null: trainer.warmup_steps)."""
-    steps = max(1, round(float(cfg.epochs) * (train_examples // batch_size or 1)))
+    steps = planned_steps(cfg, train_examples, batch_size)
     cap = cfg.trainer.max_steps
     steps = min(steps, int(cap)) if cap else steps
     if cfg.warmup_ratio is None:
@@ -151,7 +150,7 @@ def init_label(source: str) -> str:
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     task = str(cfg.task.name)
-    device, resume_from = start_run(cfg, "finetune", run_dir, _same_setup(cfg))
+    device, plan = start_run(cfg, run_dir)
     start: StartingPoint = starting_point(cfg)
     if start.source != SCRATCH:
         log.info("init=%s: architecture and attention from its config.json", start.source)
@@ -163,9 +162,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     max_len = int(cfg.task.max_len)
     examples = load_examples(cfg.task, cfg.data.dir, int(cfg.seed))
     if "test" in examples:
-        examples["test"] = seeded_subset(
-            examples["test"], cfg.task.get("test_examples"), int(cfg.seed)
-        )
+        examples["test"] = seeded_subset(examples["test"], cfg.task.get("test_examples"))
     encoded = {k: encode_examples(v, start.tokenizer, max_len) for k, v in examples.items()}
     log.info("task %s: %s examples", task, ", ".join(f"{len(v)} {k}" for k, v in encoded.items()))
     collate = PairCollate(max_len, start.tokenizer.pad_id)
@@ -175,14 +172,24 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                             encoded["train"].seqs.lengths, int(cfg.trainer.bucket))  # fmt: skip
     per_update = train.global_batch_size * int(cfg.trainer.accumulate)  # examples per update
     steps, warmup = schedule(cfg, len(encoded["train"]), per_update)
-    settings = dataclasses.replace(trainer_config(cfg, steps), warmup_steps=warmup)
+    planned = planned_steps(cfg, len(encoded["train"]), per_update)
+    settings = dataclasses.replace(
+        trainer_config(cfg, steps), warmup_steps=warmup, planned_steps=planned
+    )
+    # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
+    settings = fit_schedule(
+        settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",)
+    )
     metrics = metric_names(task)
     objective = ClassificationObjective(f1="f1" in metrics)
     trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(encoded[devs[0]], eval_size, collate, settings.eval_examples)
-    fit = trainer.fit(train, dev, resume_from)
+    dev_balance = class_balance("dev subset", dataset_labels(dev.dataset), num_classes(task))
+    reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
+    balance = class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
+    fit = trainer.fit(train, dev, plan.checkpoint)
 
     final: dict[str, dict[str, float]] = {}
     test = {"accuracy": math.nan}
@@ -200,6 +207,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / CURVE_FILE,
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
     first = final.get(devs[0], {})
+    score = (test if reported == "test" else first).get("accuracy", math.nan)
     row: dict[str, Any] = {
         "task": task,
         "init": init_label(start.source),
@@ -230,7 +238,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             if start.source == SCRATCH
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
-        **run_context(cfg, settings, device, resume_from),
+        **baseline_fields(balance, score, reported, dev_balance),
+        **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
 
@@ -264,6 +273,7 @@ def _runs_table(df: pd.DataFrame) -> Table:
         ("dev acc %", lambda r: pct(r.dev_accuracy)),
         ("dev F1 / mm %", lambda r: pct(r.dev_f1) or pct(r.dev_mm_accuracy)),
         ("test acc %", lambda r: pct(r.test_accuracy)),
+        *BASELINE_COLUMNS,
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("epochs", lambda r: f"{r.epochs:.2f}"),
         ("batch", lambda r: str(r.batch_size)),
@@ -302,7 +312,7 @@ def table2(df: pd.DataFrame) -> Table:
         table.add_row(
             f"{init} / {attention}", *(_cell(cells[c]) if c in cells else "" for c in columns)
         )
-    for name, values in PAPER.items():
+    for name, values in TABLE2.items():
         table.add_row(name, *(values.get(c, "") for c in columns), style="dim")
     return table
 

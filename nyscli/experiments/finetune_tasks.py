@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from nyscli.data.common import DataError, seeded_permutation
+from nyscli.data.common import DataError, require_examples, seeded_permutation
 from nyscli.data.glue import GLUE_TASKS, HF_PREFIXES, TextExamples, read_glue
+from nyscli.data.subsets import subset_indices
 from nyscli.errors import UserInputError
 from nyscli.train import BatchResult
 
@@ -41,14 +42,15 @@ def metric_names(task: str) -> tuple[str, ...]:
     return ("accuracy", "f1") if task in F1_TASKS else ("accuracy",)
 
 
-def seeded_subset(examples: TextExamples, size: int | None, seed: int) -> TextExamples:
-    """``size`` examples drawn without replacement (seeded), or all of them if size is None.
+def seeded_subset(examples: TextExamples, size: int | None) -> TextExamples:
+    """``size`` examples by the shared evaluation sample (seeded, stratified by label:
+    :func:`~nyscli.data.subsets.subset_indices`), or all of them if size is None.
 
     Drawn, not the first ``size``: IMDB files list all positive reviews before the negative.
     """
     if size is None or size >= len(examples):
         return examples
-    return examples.subset(np.sort(seeded_permutation(len(examples), seed)[:size]))
+    return examples.subset(subset_indices(len(examples), size, examples.labels))
 
 
 def _imdb(source: str, dev_examples: int, seed: int) -> dict[str, TextExamples]:
@@ -85,13 +87,19 @@ def load_examples(task: DictConfig, data_dir: str | None, seed: int) -> dict[str
     name = str(task.name)
     if name not in TASKS:
         raise UserInputError(f"task={name} is not allowed; choose one of: {', '.join(TASKS)}")
+    source = data_dir or (IMDB_HF_NAMES[0] if name == "imdb" else HF_PREFIXES[1] + name)
     try:
         if name == "imdb":
-            return _imdb(data_dir or IMDB_HF_NAMES[0], int(task.dev_examples), seed)
-        splits = read_glue(data_dir or HF_PREFIXES[1] + name, name)
+            splits = _imdb(source, int(task.dev_examples), seed)
+        else:
+            splits = read_glue(source, name)
     except DataError as error:
         raise UserInputError(f"task={name}: {error}") from error
-    return {k: v for k, v in splits.items() if v.labels is not None and (v.labels >= 0).all()}
+    labelled = {
+        k: v for k, v in splits.items() if v.labels is not None and (v.labels >= 0).all()
+    }
+    require_examples({k: len(v.labels) for k, v in labelled.items()}, f"task={name}", source)
+    return labelled
 
 
 @dataclass(frozen=True)

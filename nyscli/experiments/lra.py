@@ -19,18 +19,34 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
+from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
+from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
     TASKS,
+    check_source,
     classification_objective,
     load_task,
+    trivial_baseline,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    baseline_fields,
+    check_attention,
+    check_device,
+    check_values,
+    class_balance,
+    fit_schedule,
+    preflight,
+    run_context,
+    start_run,
+)
 from nyscli.models import POOLINGS, build_classifier
 from nyscli.report.curves import learning_curve
-from nyscli.report.tables import pct, rows_table
+from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,
@@ -39,13 +55,56 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
+    reset_peak_memory,
 )
 
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "learning_curve.png"
-PAPER_NYSTROM = {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 41.58,
-                 "pathfinder": 70.94}  # fmt: skip
+__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
+
+
+# The split sizes and seed of a generated task (ListOps: task.generate, Pathfinder:
+# task.data.generate).
+GENERATED: dict[str, schema.Rule] = {
+    "n_train": schema.COUNT,
+    "n_val": schema.COUNT,
+    "n_test": schema.COUNT,
+    "seed": schema.SEED,
+}
+# The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
+RULES: dict[str, schema.Rule] = {
+    **schema.prefixed("task.generate", GENERATED),
+    **schema.prefixed("task.data.generate", GENERATED),
+    **schema.prefixed(
+        "task",
+        {
+            "max_len": schema.COUNT,
+            "batch_size": schema.COUNT,
+            "warmup_steps": schema.Int(low=0),
+            "steps": schema.COUNT,
+            "eval_every": schema.COUNT,
+            "eval_examples": schema.OPTIONAL_COUNT,
+            "test_examples": schema.OPTIONAL_COUNT,
+            "pooling": schema.Choice(values=POOLINGS),
+            "data_dir": schema.Text(null=True),
+            "generate.min_len": schema.COUNT,
+            "generate.max_len": schema.COUNT,
+            "generate.max_depth": schema.COUNT,
+            "generate.max_args": schema.Int(low=2),
+            "data.generate.image_size": schema.Int(low=8),
+            "data.path": schema.Text(null=True),
+            "data.val_fraction": schema.PROBABILITY,
+            "data.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+            "data.seed": schema.SEED,
+            "data.split_seed": schema.SEED,
+            "data.pairs_per_document": schema.COUNT,
+            "data.difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
+            "data.workers": schema.OPTIONAL_COUNT,
+        },
+    ),
+    "model.pooling": schema.Choice(values=POOLINGS),
+}
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -58,17 +117,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    for key in ("max_len", "steps", "batch_size"):
-        value = cfg.task.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"task.{key}={value} is not allowed; it must be an integer >= 1")
-    if cfg.model.pooling not in POOLINGS:
-        allowed = ", ".join(POOLINGS)
-        raise UserInputError(
-            f"model.pooling={cfg.model.pooling} is not allowed; choose one of: {allowed}"
-        )
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_values(cfg, RULES)
+    check_source(cfg.task)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 
@@ -77,34 +127,23 @@ def attention_label(cfg: DictConfig) -> str:
     return row_label(OmegaConf.to_container(cfg.attention, resolve=True))
 
 
-def _same_setup(cfg: DictConfig):
-    """Predicate on an earlier run's config: same command, task, model and attention."""
-    keys = ("task", "model", "attention")
-    mine = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in keys}
-
-    def matches(other: DictConfig) -> bool:
-        if other.get("command") != "lra":
-            return False
-        try:
-            return all(OmegaConf.to_container(other[k], resolve=True) == mine[k] for k in keys)
-        except Exception:  # an old config that no longer resolves is simply not a match
-            return False
-
-    return matches
-
-
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = trainer_config(cfg)
-    device, resume_from = start_run(cfg, "lra", run_dir, _same_setup(cfg))
+    settings = fit_schedule(trainer_config(cfg), run_dir)
+    device, plan = start_run(cfg, run_dir)
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, cfg.data_cache)
+        data = load_task(cfg.task, cfg.data_cache, cfg.threads)
+    baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
-        "task %s: %d train / %d dev / %d test examples",
+        "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
         cfg.task.name,
+        data.dataset,
         len(data.train),
         len(data.val),
         len(data.test),
+        baseline,
+        100 * rule_accuracy,
     )
     model = build_classifier(
         vocab_size=data.vocab_size,
@@ -122,12 +161,15 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         data.train, settings.batch_size, data.collate, int(cfg.seed), lengths, settings.bucket
     )
     eval_size = settings.eval_batch_size or settings.batch_size
-    dev = eval_batches(data.val, eval_size, data.collate, settings.eval_examples)
-    fit = trainer.fit(train, dev, resume_from)
+    dev_set = evaluation_subset(data.val, settings.eval_examples)
+    test_set = evaluation_subset(data.test, cfg.task.test_examples)
+    dev_balance = class_balance("dev set", dataset_labels(dev_set), data.num_classes)
+    test_balance = class_balance("test set", dataset_labels(test_set), data.num_classes)
+    dev = eval_batches(dev_set, eval_size, data.collate)
+    fit = trainer.fit(train, dev, plan.checkpoint)
     test = {"accuracy": math.nan, "loss": math.nan}
     if fit.completed:
-        test_set = eval_batches(data.test, eval_size, data.collate, cfg.task.test_examples)
-        test = trainer.test(test_set)
+        test = trainer.test(eval_batches(test_set, eval_size, data.collate))
         log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
@@ -136,8 +178,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
     row: dict[str, Any] = {
         "task": cfg.task.name,
+        "dataset": data.dataset,
         "attention": label,
         "test_accuracy": test["accuracy"],
+        "trivial_rule": baseline,
+        "rule_accuracy": rule_accuracy,
         "test_loss": test["loss"],
         "best_dev_accuracy": fit.best_value,
         "best_step": fit.best_step,
@@ -148,10 +193,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "train_s": fit.train_seconds,
         "tokens_per_s": fit.tokens_per_s,
         "peak_mb": peak_memory_mb(device),
-        "test_examples": min(len(data.test), cfg.task.test_examples or len(data.test)),
+        **baseline_fields(test_balance, test["accuracy"], "test", dev_balance),
+        "test_examples": len(test_set),
         "max_len": int(cfg.task.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
-        **run_context(cfg, settings, device, resume_from),
+        **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
 
@@ -162,50 +208,28 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def _runs_table(df: pd.DataFrame) -> Table:
     columns = [
         ("task", lambda r: str(r.task)),
+        ("data", lambda r: str(getattr(r, "dataset", "") or "")),
         ("attention", lambda r: str(r.attention)),
         ("test %", lambda r: pct(r.test_accuracy)),
+        ("rule %", lambda r: pct(getattr(r, "rule_accuracy", math.nan))),
         ("dev %", lambda r: pct(r.best_dev_accuracy)),
+        *BASELINE_COLUMNS,
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    return rows_table("LRA runs", df, columns, {"task", "attention"})
-
-
-def _pivot_table(df: pd.DataFrame, column: str, title: str, scale: float, fmt: str) -> Table:
-    """Attention rows x task columns (LRA order) of the mean of ``column``, plus an average."""
-    tasks = [t for t in TASKS if t in set(df.task)]
-    pivot = df.pivot_table(index="attention", columns="task", values=column, aggfunc="mean")
-    table = Table(title=title, title_justify="left")
-    table.add_column("attention", style="bold")
-    for task in tasks:
-        table.add_column(task, justify="right")
-    table.add_column("avg", justify="right")
-    for attention, values in pivot.iterrows():
-        cells = [values.get(t) for t in tasks]
-        present = [v for v in cells if pd.notna(v)]
-        avg = sum(present) / len(present) if present else math.nan
-        shown = [("" if pd.isna(v) else format(scale * v, fmt)) for v in cells]
-        note = "" if len(present) == len(tasks) else "*"
-        table.add_row(
-            str(attention), *shown, ("" if pd.isna(avg) else format(scale * avg, fmt)) + note
-        )
-    return table
+    return rows_table("LRA runs", df, columns, {"task", "data", "attention"})
 
 
 def render(df: pd.DataFrame) -> RenderableType:
-    """One table of runs; with more than one run also the Table-3 layout (accuracy, tokens/s)."""
+    """One table of runs; with more than one run also Table 3 (lra_table)."""
     parts: list[RenderableType] = [_runs_table(df)]
     if len(df) > 1:
-        parts.append(
-            _pivot_table(
-                df,
-                "test_accuracy",
-                "Test accuracy (%) — Table 3 layout; * = average over the tasks present",
-                100.0,
-                ".2f",
-            )
-        )
-        parts.append(_pivot_table(df, "tokens_per_s", "Training tokens/s", 1.0, ",.0f"))
+        parts.append(render_table3(df))
     return Group(*parts)
+
+
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """``table3.csv`` and a learning-curve PNG per task, for a sweep or ``nys report``."""
+    return write_table3(df, folder)

@@ -7,16 +7,18 @@ Every task's batch is ``(*inputs, labels)``: ``(ids, mask, labels)`` for one seq
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nyscli.data.common import DataError, TaskData
+from nyscli.data.common import DataError, TaskData, require_examples
 from nyscli.errors import UserInputError
 from nyscli.train import BatchResult
 
@@ -51,7 +53,10 @@ def _settings(cls: type, node: Any, option: str) -> Any:
     return cls(**values)
 
 
-def _listops(task: DictConfig, cache_dir: Path | None) -> TaskData:
+Loader = Callable[[DictConfig, Path | None, int | None], TaskData]
+
+
+def _listops(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
     from nyscli.data.listops import ListOpsConfig, load_listops
 
     return load_listops(
@@ -62,12 +67,12 @@ def _listops(task: DictConfig, cache_dir: Path | None) -> TaskData:
     )
 
 
-def _text(task: DictConfig, cache_dir: Path | None) -> TaskData:
-    from nyscli.data.text import load_imdb
+def _text(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+    from nyscli.data.text import default_imdb_source, load_imdb
 
     data = task.data
     return load_imdb(
-        data.path or "imdb",  # "imdb": HF datasets, when online
+        data.path or default_imdb_source(),  # ../shared's CSV, else HF "imdb" (online)
         max_len=int(task.max_len),
         val_fraction=float(data.val_fraction),
         test_fraction=float(data.test_fraction),
@@ -75,36 +80,60 @@ def _text(task: DictConfig, cache_dir: Path | None) -> TaskData:
     )
 
 
-def _retrieval(task: DictConfig, cache_dir: Path | None) -> TaskData:
-    from nyscli.data.retrieval import load_aan
+def _source(task: DictConfig, real: str, substitute: str) -> str:
+    """``task.data.source``, with ``auto`` = the real data when a path is given, else the
+    offline substitute."""
+    source = task.data.source
+    if source == "auto":
+        return real if task.data.path else substitute
+    if source not in (real, substitute):
+        allowed = ", ".join(("auto", real, substitute))
+        raise UserInputError(f"task.data.source={source} is not allowed; choose one of: {allowed}")
+    return source
 
-    if not task.data.path:
+
+SOURCES = {"retrieval": ("aan", "wiki_topic_pairs"), "image": ("cifar10", "fashion_mnist")}
+
+
+def check_source(task: DictConfig) -> None:
+    """A bad ``task.data.source`` of retrieval or image as a one-line error (no data read)."""
+    if task.name in SOURCES:
+        _source(task, *SOURCES[task.name])
+
+
+def _retrieval(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+    from nyscli.data.retrieval import load_aan, load_wiki_topic_pairs
+
+    data = task.data
+    if _source(task, *SOURCES["retrieval"]) == "wiki_topic_pairs":
+        return load_wiki_topic_pairs(
+            max_len=int(task.max_len),
+            pairs_per_document=int(data.pairs_per_document),
+            seed=int(data.split_seed),
+        )
+    if not data.path:
         raise UserInputError(
-            "task=retrieval needs task.data.path=<folder with new_aan_pairs.*.tsv> "
+            "task.data.source=aan needs task.data.path=<folder with new_aan_pairs.*.tsv> "
             "(the LRA release's AAN files)"
         )
-    return load_aan(task.data.path, max_len=int(task.max_len))
+    return load_aan(data.path, max_len=int(task.max_len))
 
 
-def _image(task: DictConfig, cache_dir: Path | None) -> TaskData:
+def _image(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
     from nyscli.data.image import load_cifar10, load_fashion_mnist
 
     data = task.data
-    if data.source == "cifar10":
+    if _source(task, *SOURCES["image"]) == "cifar10":
         if not data.path:
             raise UserInputError(
                 "task.data.source=cifar10 needs task.data.path=<cifar-10-batches-py>"
             )
         return load_cifar10(data.path, val_fraction=float(data.val_fraction))
-    if data.source == "fashion_mnist":
-        kwargs = {"path": data.path} if data.path else {}
-        return load_fashion_mnist(**kwargs, val_fraction=float(data.val_fraction))
-    raise UserInputError(
-        f"task.data.source={data.source} is not allowed; choose one of: cifar10, fashion_mnist"
-    )
+    kwargs = {"path": data.path} if data.path else {}  # default: Debian's folder
+    return load_fashion_mnist(**kwargs, val_fraction=float(data.val_fraction))
 
 
-def _pathfinder(task: DictConfig, cache_dir: Path | None) -> TaskData:
+def _pathfinder(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
     from nyscli.data.pathfinder import (
         DIFFICULTY_CONTOUR_LENGTH,
         PathfinderConfig,
@@ -123,11 +152,11 @@ def _pathfinder(task: DictConfig, cache_dir: Path | None) -> TaskData:
         difficulty=str(data.difficulty),
         config=None if data.path else config,
         cache_dir=cache_dir,
-        workers=data.workers,
+        workers=data.workers or threads,  # threads=N caps the generator processes too
     )
 
 
-LOADERS: dict[str, Callable[[DictConfig, Path | None], TaskData]] = {
+LOADERS: dict[str, Loader] = {
     "listops": _listops,
     "text": _text,
     "retrieval": _retrieval,
@@ -136,11 +165,50 @@ LOADERS: dict[str, Callable[[DictConfig, Path | None], TaskData]] = {
 }
 
 
-def load_task(task: DictConfig, cache_dir: str | None) -> TaskData:
-    """The task's three splits and collate; data problems become one-line UserInputErrors."""
+def load_task(task: DictConfig, cache_dir: str | None, threads: int | None = None) -> TaskData:
+    """The task's three splits and collate; data problems become one-line UserInputErrors.
+
+    ``threads`` (the run's ``threads``) caps the processes of a data generator.
+    """
     if task.name not in LOADERS:
         raise UserInputError(f"task={task.name} is not allowed; choose one of: {', '.join(TASKS)}")
     try:
-        return LOADERS[task.name](task, Path(cache_dir).expanduser() if cache_dir else None)
+        cache = Path(cache_dir).expanduser() if cache_dir else None
+        data = LOADERS[task.name](task, cache, threads)
     except DataError as error:
         raise UserInputError(f"task={task.name}: {error}") from error
+    sizes = {"train": len(data.train), "dev": len(data.val), "test": len(data.test)}
+    source = task.get("data_dir") or OmegaConf.select(task, "data.path") or "the generator"
+    require_examples(sizes, f"task={task.name}", source)
+    return data
+
+
+def _labels(dataset: Any) -> np.ndarray:
+    return np.asarray(dataset.labels, dtype=np.int64)
+
+
+def _rule_accuracy(train_keys: np.ndarray, train_labels: np.ndarray, test_keys: np.ndarray,
+                   test_labels: np.ndarray) -> float:  # fmt: skip
+    """Accuracy on test of predicting, for each key, its most common train label (ties: the
+    smaller label; unseen keys: the overall most common)."""
+    fallback = int(np.bincount(train_labels).argmax())
+    rule = {
+        int(k): int(np.bincount(train_labels[train_keys == k]).argmax())
+        for k in np.unique(train_keys)
+    }
+    predicted = np.asarray([rule.get(int(k), fallback) for k in test_keys], dtype=np.int64)
+    return float((predicted == test_labels).mean()) if len(test_labels) else math.nan
+
+
+def trivial_baseline(task: str, data: TaskData) -> tuple[str, float]:
+    """(name, test accuracy) of the best rule that needs no model, fitted on train.
+
+    ListOps: the outer-operator rule (each first token -> its most common train label; 36%
+    on the generated data, near the paper's 37%); every other task: the majority class.
+    """
+    train, test = _labels(data.train), _labels(data.test)
+    if task == "listops":
+        first = [ds.seqs.flat[ds.seqs.offsets[:-1]] for ds in (data.train, data.test)]
+        return "outer-operator rule", _rule_accuracy(first[0], train, first[1], test)
+    zeros = np.zeros
+    return "majority class", _rule_accuracy(zeros(len(train)), train, zeros(len(test)), test)

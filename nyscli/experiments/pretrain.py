@@ -25,7 +25,9 @@ from rich.console import Console, RenderableType
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
+from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.experiments.bench import row_label
 from nyscli.experiments.pretrain_objectives import (
     METRICS,
@@ -34,7 +36,15 @@ from nyscli.experiments.pretrain_objectives import (
     most_frequent_token_accuracy,
     pretraining_objective,
 )
-from nyscli.experiments.training import check_attention, check_device, run_context, start_run
+from nyscli.experiments.training import (
+    check_attention,
+    check_device,
+    check_values,
+    fit_schedule,
+    preflight,
+    run_context,
+    start_run,
+)
 from nyscli.models.bert import BertConfig, BertForPretraining
 from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
@@ -54,8 +64,24 @@ from nyscli.train import (
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "pretraining_curves.png"
-MODEL_KEYS = ("dim", "depth", "num_heads", "ffn_dim", "max_len")
-SETUP_KEYS = ("data", "tokenizer", "model", "attention", "mlm_probability")
+__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
+
+
+RULES: dict[str, schema.Rule] = {
+    "mlm_probability": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "data.source": schema.Choice(values=SOURCES),
+    "data.path": schema.Text(null=True),
+    "data.text_field": schema.Text(),
+    "data.name": schema.Text(),
+    "data.split": schema.Text(),
+    "data.val_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "data.split_seed": schema.SEED,
+    "tokenizer.kind": schema.Choice(values=TOKENIZER_KINDS),
+    "tokenizer.path": schema.Text(null=True),
+    # The five special tokens and a basic alphabet must fit.
+    "tokenizer.vocab_size": schema.Int(low=100),
+    "tokenizer.min_frequency": schema.COUNT,
+}
 
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
@@ -78,16 +104,7 @@ def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value (the corpus is not read)."""
-    for key in MODEL_KEYS:
-        value = cfg.model.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"model.{key}={value} is not allowed; it must be an integer >= 1")
-    if not 0.0 <= float(cfg.model.dropout) < 1.0:
-        raise UserInputError(f"model.dropout={cfg.model.dropout} is not allowed; use 0 <= p < 1")
-    if not 0.0 < float(cfg.mlm_probability) < 1.0:
-        raise UserInputError(f"mlm_probability={cfg.mlm_probability} is not allowed; use 0 < p < 1")
-    if cfg.threads is not None and (not isinstance(cfg.threads, int) or cfg.threads < 1):
-        raise UserInputError(f"threads={cfg.threads} is not allowed; use null or an integer >= 1")
+    check_values(cfg, RULES)
     source = cfg.data.get("source")
     if source not in SOURCES:
         raise UserInputError(
@@ -99,34 +116,8 @@ def validate(cfg: DictConfig) -> None:
             raise UserInputError(
                 f"data.path={path} does not exist; expected a folder of .txt/.jsonl documents"
             )
-    if cfg.tokenizer.get("kind") not in TOKENIZER_KINDS:
-        allowed = ", ".join(TOKENIZER_KINDS)
-        raise UserInputError(
-            f"tokenizer.kind={cfg.tokenizer.get('kind')} is not allowed; choose one of: {allowed}"
-        )
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
-
-
-def _setup(cfg: DictConfig) -> dict[str, Any]:
-    """What a resumed run must share with the interrupted one, as plain values."""
-    node = OmegaConf.masked_copy(cfg, list(SETUP_KEYS))
-    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-
-
-def _same_setup(cfg: DictConfig):
-    """Predicate on an earlier run's config: same command, corpus, tokenizer, model, attention."""
-    mine = _setup(cfg)
-
-    def matches(other: DictConfig) -> bool:
-        if other.get("command") != "pretrain":
-            return False
-        try:
-            return _setup(other) == mine
-        except Exception:  # an old config that no longer resolves is simply not a match
-            return False
-
-    return matches
 
 
 def model_name() -> str:
@@ -153,8 +144,8 @@ def _most_frequent_token(data: PretrainingData) -> int:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    settings = trainer_config(cfg)
-    device, resume_from = start_run(cfg, "pretrain", run_dir, _same_setup(cfg))
+    settings = fit_schedule(trainer_config(cfg), run_dir)
+    device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg)
     tokenizer = data.tokenizer
@@ -182,7 +173,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         data.val,
         settings.eval_batch_size or settings.batch_size,
         collate,
-        int(cfg.seed) + 1,
+        SUBSET_SEED,  # the same masks and swaps for every run, whatever its seed
         settings.eval_examples,
     )
     common = _most_frequent_token(data)
@@ -193,7 +184,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         baseline,
     )
     trainer = Trainer(model, pretraining_objective, settings, run_dir, device, METRICS, console)
-    fit = trainer.fit(train, dev, resume_from)
+    fit = trainer.fit(train, dev, plan.checkpoint)
     if not distributed.is_main():
         return pd.DataFrame()
     best = run_dir / CHECKPOINT_DIR / BEST
@@ -231,7 +222,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "max_len": int(cfg.model.max_len),
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
-        **run_context(cfg, settings, device, resume_from),
+        **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
 

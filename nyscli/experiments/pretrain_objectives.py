@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from nyscli.data.common import pad_batch
+from nyscli.data.subsets import subset_indices
 from nyscli.text.tokenizer import WordPieceTokenizer
 from nyscli.train import BatchResult
 
@@ -119,13 +120,13 @@ def frozen_batches(
     dataset: Dataset, batch_size: int, collate: PretrainCollate, seed: int, limit: int | None
 ) -> list[Batch]:
     """Validation batches drawn once (swaps and masks from a generator seeded ``seed``) over
-    the first ``limit`` examples (all if None), in order: every evaluation sees the same."""
-    n = len(dataset)  # type: ignore[arg-type]
-    n = n if limit is None else min(n, limit)
+    a seeded random sample of ``limit`` examples (all if None; the shared evaluation sample,
+    :func:`~nyscli.data.subsets.subset_indices`): every evaluation sees the same."""
+    index = subset_indices(len(dataset), limit).tolist()  # type: ignore[arg-type]
     generator = torch.Generator().manual_seed(seed)
     return [
-        collate([dataset[i] for i in range(start, min(start + batch_size, n))], generator)
-        for start in range(0, n, batch_size)
+        collate([dataset[i] for i in index[start : start + batch_size]], generator)
+        for start in range(0, len(index), batch_size)
     ]
 
 

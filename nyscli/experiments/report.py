@@ -12,9 +12,13 @@ from nyscli.report.files import write_csv
 from nyscli.report.runs import RunFolder, aggregate, find_run_folders, load_run
 
 
-def show_report(paths: list[Path], out: Path | None = None) -> pd.DataFrame:
+def show_report(
+    paths: list[Path], out: Path | None = None, figures: Path | None = None
+) -> pd.DataFrame:
     """Print each command's table for the runs under ``paths``, list failed runs, and write
-    the stacked results to ``out`` (if given). Returns the stacked results."""
+    the stacked results to ``out`` (if given). A command module with ``write_figures(df,
+    folder)`` also writes its files (plots, derived tables) into ``figures`` (if given).
+    Returns the stacked results."""
     runs = [load_run(p) for p in find_run_folders(paths)]
     if not runs:
         console.print(
@@ -29,7 +33,11 @@ def show_report(paths: list[Path], out: Path | None = None) -> pd.DataFrame:
         df = aggregate(group)
         frames.append(df.assign(command=command))
         if not df.empty and command in COMMANDS:
-            console.print(experiment_module(command).render(df))
+            module = experiment_module(command)
+            console.print(module.render(df))
+            if figures is not None and hasattr(module, "write_figures"):
+                for path in module.write_figures(df, figures):
+                    console.print(f"wrote {path}")
         elif not df.empty:
             console.print(df.to_string(index=False))
     failed = [run for run in runs if not run.ok]

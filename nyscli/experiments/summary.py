@@ -57,5 +57,5 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         path = write_summary(sweep_dir)
         if path is not None:
-            show_report([sweep_dir])
+            show_report([sweep_dir], figures=sweep_dir)
             log.info("sweep summary: %s", path)

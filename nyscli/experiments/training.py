@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention
 from nyscli.bridge import OUTPUT_ROOT
+from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema
 from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
-from nyscli.train.resume import find_resume_checkpoint
+from nyscli.train.resume import ResumePlan, plan_resume
+
+log = logging.getLogger(__name__)
+# Command-line keys that set the schedule explicitly (trainer.* or the task's defaults).
+SCHEDULE_KEYS = {
+    "warmup_steps": ("trainer.warmup_steps", "task.warmup_steps"),
+    "eval_every": ("trainer.eval_every", "task.eval_every"),
+    "checkpoint_every": ("trainer.checkpoint_every",),
+}
 
 
 def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
@@ -24,8 +37,16 @@ def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
     return device
 
 
+def check_values(cfg: DictConfig, rules: Mapping[str, schema.Rule]) -> None:
+    """``rules``, then the shared training keys (seed, threads, model.*, trainer.*) that
+    ``rules`` does not redefine."""
+    schema.check(cfg, rules)  # first: a task key names what the user set, not its echo
+    schema.check(cfg, {k: r for k, r in schema.TRAINING.items() if k not in rules})
+
+
 def check_attention(cfg: DictConfig) -> None:
     """Build one attention module of the configured width, so a bad value fails in one line."""
+    schema.check_attentions([("attention", cfg.attention)])
     try:
         MultiHeadAttention(
             cfg.model.dim,
@@ -36,32 +57,113 @@ def check_attention(cfg: DictConfig) -> None:
         raise UserInputError(str(error)) from error
 
 
-def start_run(
-    cfg: DictConfig, command: str, run_dir: Path, same_setup: Callable[[DictConfig], bool]
-) -> tuple[torch.device, Path | None]:
-    """Threads, device, the checkpoint to resume from (``cfg.resume``) and the seed.
+def resume_plan(cfg: DictConfig, run_dir: Path | None = None) -> ResumePlan:
+    """What ``cfg.resume`` continues (see :mod:`nyscli.train.resume`); ``run_dir``: this run's
+    folder, never a candidate for ``resume=true``."""
+    return plan_resume(cfg, Path(OUTPUT_ROOT) / str(cfg.command), run_dir)
 
-    Returns (device, last.pt of the run to continue or None).
+
+def preflight(cfg: DictConfig) -> str | None:
+    """Before a run folder exists: a line saying there is nothing to do (``resume=`` names a
+    finished run), or None. A refused resume raises its one-line error here."""
+    return resume_plan(cfg).nothing_to_do()
+
+
+def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]:
+    """Threads, device, the run to resume from (``cfg.resume``) and the seed.
+
+    Returns (device, resume plan: its ``checkpoint`` is the last.pt to continue or None).
     """
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = resolve_device(str(cfg.device))
-    resume_from = find_resume_checkpoint(
-        cfg.resume, Path(OUTPUT_ROOT) / command, run_dir, same_setup
-    )
+    plan = resume_plan(cfg, run_dir)
+    if plan.finished:
+        raise UserInputError(plan.nothing_to_do() or "")
+    for change in plan.changes:
+        log.warning("resume_changes=allow: %s", change)
     seed_everything(int(cfg.seed))
-    return device, resume_from
+    return device, plan
+
+
+def _explicit_keys(run_dir: Path) -> set[str]:
+    """The schedule fields the command line set explicitly (kept as given by fit_budget).
+
+    Read from the run's ``.hydra/overrides.yaml``: the ranks of a multi-process job have no
+    Hydra context of their own, but all see the run folder.
+    """
+    recorded = run_dir / ".hydra" / "overrides.yaml"
+    if recorded.is_file():
+        overrides = [str(o) for o in OmegaConf.load(recorded)]
+    elif HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    else:
+        return set()
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return {field for field, keys in SCHEDULE_KEYS.items() if given & set(keys)}
+
+
+def fit_schedule(
+    settings: TrainerConfig, run_dir: Path, fixed: tuple[str, ...] = ()
+) -> TrainerConfig:
+    """``settings`` with warm-up and eval interval scaled to a ``--steps`` cap below them (see
+    :meth:`TrainerConfig.fit_budget`), said in one log line; ``fixed`` fields are kept, as are
+    those the command line set."""
+    settings, note = settings.fit_budget(_explicit_keys(Path(run_dir)) | set(fixed))
+    if note:
+        log.warning(note)
+    elif settings.warmup_steps >= settings.max_steps:
+        log.warning(
+            "trainer.warmup_steps=%d >= trainer.max_steps=%d: the lr never reaches its peak",
+            settings.warmup_steps,
+            settings.max_steps,
+        )
+    return settings
+
+
+def class_balance(name: str, labels: np.ndarray | None, num_classes: int) -> ClassBalance | None:
+    """The label spread of an evaluated set, logged in one line (a warning if single-class)."""
+    if labels is None:
+        return None
+    balance = ClassBalance.of(labels, num_classes)
+    if balance.classes_present <= 1:
+        log.warning("%s holds a single class: its accuracy says nothing", balance.describe(name))
+    else:
+        log.info(balance.describe(name))
+    return balance
+
+
+def baseline_fields(
+    balance: ClassBalance | None, accuracy: float, name: str, dev: ClassBalance | None = None
+) -> dict[str, Any]:
+    """majority_rate, chance_rate and flag of a result on a set, for the results row; the flag
+    (also a single-class ``dev`` set, which picked the best checkpoint) is logged as a warning."""
+    flags = [balance.flag(accuracy)] if balance is not None else []
+    if dev is not None and dev.classes_present <= 1:
+        flags.append("dev single class")
+    flag = ", ".join(f for f in flags if f)
+    if flag:
+        log.warning("%s accuracy %.4f is flagged: %s", name, accuracy, flag)
+    return {
+        "majority_rate": None if balance is None else balance.majority_rate,
+        "chance_rate": None if balance is None else balance.chance_rate,
+        "flag": flag or None,
+    }
 
 
 def run_context(
-    cfg: DictConfig, trainer: TrainerConfig, device: torch.device, resume_from: Path | None
+    cfg: DictConfig, trainer: TrainerConfig, device: torch.device, plan: ResumePlan
 ) -> dict[str, Any]:
-    """The results-row fields that say how a training run ran (ranks, precision, device...)."""
+    """The results-row fields that say how a training run ran (ranks, precision, schedule,
+    device, resume and the settings it changed...)."""
     return {
         "world_size": distributed.world_size(),
         "precision": trainer.precision,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "seed": int(cfg.seed),
-        "resumed_from": str(resume_from) if resume_from else None,
+        "warmup_steps": trainer.warmup_steps,
+        "eval_every": trainer.eval_every,
+        "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,
+        "resume_changes": plan.changes_text(),
     }

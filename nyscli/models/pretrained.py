@@ -18,6 +18,7 @@ from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.report.files import write_json
 from nyscli.text.tokenizer import FILE_NAME as TOKENIZER_FILE
 from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.train.checkpoint import shape_mismatch
 
 PRETRAINED_DIR = "pretrained"
 CONFIG_FILE = "config.json"
@@ -65,11 +66,14 @@ def load_pretrained(folder: Path) -> tuple[BertEncoder, WordPieceTokenizer]:
         raise UserInputError(f"{folder / CONFIG_FILE} is corrupt ({error})") from None
     tokenizer = WordPieceTokenizer.load(folder / TOKENIZER_FILE)
     encoder = BertEncoder(config)
+    state = None
     try:
         state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
         encoder.load_state_dict(state)
     except Exception as error:  # truncated file, foreign pickle or mismatched shapes
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        if isinstance(state, dict):
+            reason = shape_mismatch(encoder, state) or reason
         raise UserInputError(
             f"{folder / WEIGHTS_FILE} is corrupt or does not fit ({reason})"
         ) from None

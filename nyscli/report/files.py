@@ -11,6 +11,8 @@ from typing import IO, Any
 
 import pandas as pd
 
+from nyscli.errors import naming
+
 
 def write_atomic(path: Path, write: Callable[[IO[str]], None]) -> Path:
     """Write a text file by ``write(handle)`` into a temp file beside ``path``, then rename."""
@@ -23,6 +25,9 @@ def write_atomic(path: Path, write: Callable[[IO[str]], None]) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise naming(error, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -48,11 +48,21 @@ def find_run_folders(paths: list[Path]) -> list[Path]:
 
 
 def load_run(path: Path) -> RunFolder:
-    config = OmegaConf.load(path / ".hydra" / "config.yaml")
-    overrides_file = path / ".hydra" / "overrides.yaml"
-    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
+    """One run folder; unreadable files make it a failed run that says which file."""
+    try:
+        config = OmegaConf.load(path / ".hydra" / "config.yaml")
+        overrides_file = path / ".hydra" / "overrides.yaml"
+        overrides = list(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
+    except Exception as error:  # yaml, OS and OmegaConf errors alike: the run is unreadable
+        reason = f"unreadable .hydra/ ({type(error).__name__}); not counted"
+        return RunFolder(path, "unknown", [], None, reason)
+    command = str(config.get("command", "unknown"))
     results_file = path / RESULTS_FILE
-    results = pd.read_csv(results_file) if results_file.exists() else None
+    try:
+        results = pd.read_csv(results_file) if results_file.exists() else None
+    except Exception as error:  # pandas raises many types for empty or corrupt CSVs
+        reason = f"unreadable {RESULTS_FILE} ({type(error).__name__}); not counted"
+        return RunFolder(path, command, [str(o) for o in overrides], None, reason)
     error_file = path / ERROR_FILE
     if error_file.exists():
         error = error_file.read_text().strip().splitlines()[0]
@@ -63,7 +73,6 @@ def load_run(path: Path) -> RunFolder:
             error += f"; launcher log {log}: {_last_line(log)}"
     else:
         error = None
-    command = str(config.get("command", "unknown"))
     return RunFolder(path, command, [str(o) for o in overrides], results, error)
 
 

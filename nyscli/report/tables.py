@@ -25,3 +25,19 @@ def rows_table(title: str, df: pd.DataFrame, columns: Sequence[Column], text: se
     for r in df.itertuples():
         table.add_row(*(cell(r) for _, cell in columns))
     return table
+
+
+def flag_text(value: Any) -> str:
+    """A result's flag (e.g. ``= majority``) in red; empty when there is none."""
+    if value is None or (isinstance(value, float) and pd.isna(value)) or not str(value):
+        return ""
+    return f"[red]{value}[/]"
+
+
+# Beside every classification result: what a constant (majority-class) predictor and a uniform
+# guess score on the same examples, and the flag (single-class set, result = majority rate).
+BASELINE_COLUMNS: list[Column] = [
+    ("majority %", lambda r: pct(getattr(r, "majority_rate", None))),
+    ("chance %", lambda r: pct(getattr(r, "chance_rate", None))),
+    ("flag", lambda r: flag_text(getattr(r, "flag", None))),
+]

@@ -13,7 +13,7 @@ from nyscli.train.config import PRECISIONS, TrainerConfig
 from nyscli.train.errors import CheckpointError, TrainingDiverged
 from nyscli.train.loop import FitResult, Trainer, to_device
 from nyscli.train.metrics import METRICS_FILE, BatchResult, MetricsLog
-from nyscli.train.resources import peak_memory_mb, resolve_device
+from nyscli.train.resources import peak_memory_mb, reset_peak_memory, resolve_device
 from nyscli.train.seed import seed_everything
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "eval_batches",
     "load_checkpoint",
     "peak_memory_mb",
+    "reset_peak_memory",
     "resolve_device",
     "save_checkpoint",
     "seed_everything",

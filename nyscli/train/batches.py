@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
+from nyscli.data.subsets import evaluation_subset
 from nyscli.train import distributed
 
 Collate = Callable[[Sequence[Any]], Any]
@@ -93,16 +94,16 @@ class ShuffledBatches:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at the saved position; the seed stays this run's (the same unless the
+        resume changed it on purpose: ``resume_changes=allow``)."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self.seed = int(state.get("seed", self.seed))
 
 
 def eval_batches(
     dataset: Dataset, batch_size: int, collate: Collate, limit: int | None = None
 ) -> DataLoader:
-    """Sequential batches over ``dataset`` (its first ``limit`` examples if given); re-iterable."""
-    n = len(dataset)  # type: ignore[arg-type]
-    if limit is not None and limit < n:
-        dataset = Subset(dataset, range(limit))
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    """Sequential batches over ``dataset``, or over a seeded, label-stratified sample of
+    ``limit`` of its examples (:func:`~nyscli.data.subsets.evaluation_subset`); re-iterable."""
+    subset = evaluation_subset(dataset, limit)
+    return DataLoader(subset, batch_size=batch_size, shuffle=False, collate_fn=collate)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from nyscli.errors import naming
 from nyscli.train.errors import CheckpointError
 
 FORMAT = "nys-trainer-v1"
@@ -32,11 +33,34 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as error:  # a full disk: the one-line error must say which file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise naming(error, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def shape_mismatch(model: torch.nn.Module, state: dict[str, Any]) -> str | None:
+    """What keeps ``state`` (a state_dict) from loading into ``model``, in one line: the
+    tensors whose shapes differ (checkpoint vs model), then missing and unexpected names."""
+    mine = model.state_dict()
+    parts = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(mine[k].shape)}"
+        for k, v in state.items()
+        if k in mine and hasattr(v, "shape") and tuple(v.shape) != tuple(mine[k].shape)
+    ]
+    missing = [k for k in mine if k not in state]
+    unexpected = [k for k in state if k not in mine]
+    if missing:
+        parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if unexpected:
+        more = " ..." if len(unexpected) > 3 else ""
+        parts.append(f"unexpected {', '.join(unexpected[:3])}{more}")
+    return "; ".join(parts[:4]) if parts else None
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -50,8 +74,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except Exception as error:  # torch raises many types for truncated or foreign files
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({reason}); delete it, resume from "
-            "another run folder, or start fresh with resume=false"
+            f"checkpoint {path} is corrupt or unreadable ({reason}); resume from another "
+            "run folder, or start fresh with resume=false"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,9 @@ class TrainerConfig:
 
     max_steps: int
     batch_size: int
+    # The budget warmup_steps and eval_every were chosen for (a task's paper schedule); a
+    # max_steps below them scales both (fit_budget). null = max_steps.
+    planned_steps: int | None = None
     lr: float = 1e-4
     weight_decay: float = 0.0
     beta1: float = 0.9
@@ -60,7 +63,8 @@ class TrainerConfig:
         positive = ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "bucket")
         for key in (*positive, "nproc_per_node"):
             _at_least(getattr(self, key), f"trainer.{key}", 1)
-        for key in ("eval_examples", "eval_batch_size", "checkpoint_every", "stop_at_step"):
+        optional = ("eval_examples", "eval_batch_size", "checkpoint_every", "stop_at_step")
+        for key in (*optional, "planned_steps"):
             if getattr(self, key) is not None:
                 _at_least(getattr(self, key), f"trainer.{key}", 1)
         _at_least(self.warmup_steps, "trainer.warmup_steps", 0)
@@ -77,6 +81,36 @@ class TrainerConfig:
     @property
     def save_every(self) -> int:
         return self.checkpoint_every or self.eval_every
+
+    def fit_budget(self, fixed: Collection[str] = ()) -> tuple[TrainerConfig, str | None]:
+        """The schedule for a ``max_steps`` cap below ``planned_steps``, and a note if changed.
+
+        When the cap is shorter than the warm-up or the eval interval (``--steps 100`` on LRA
+        Text: warm-up 8000, eval every 1000), the lr would never reach its peak and dev would
+        be seen once: warm-up, eval interval (and checkpoint interval) keep their ratio to the
+        budget instead, ``round(value * max_steps / planned_steps)``. Keys in ``fixed`` (the
+        ones the user set explicitly) are kept as given.
+        """
+        planned, cap = self.planned_steps, self.max_steps
+        if planned is None or cap >= planned or cap >= max(self.warmup_steps, self.eval_every):
+            return self, None
+        ratio = cap / planned
+        changes: dict[str, int] = {}
+        if "warmup_steps" not in fixed and self.warmup_steps > 0:
+            changes["warmup_steps"] = min(max(1, round(self.warmup_steps * ratio)), cap - 1)
+        for key in ("eval_every", "checkpoint_every"):
+            value = getattr(self, key)
+            if key not in fixed and value is not None and value > 1:
+                changes[key] = max(1, round(value * ratio))
+        changes = {k: v for k, v in changes.items() if v != getattr(self, k)}
+        if not changes:
+            return self, None
+        scaled = ", ".join(f"{k} {getattr(self, k)} -> {v}" for k, v in changes.items())
+        note = (
+            f"trainer.max_steps={cap} is below the schedule planned for {planned} steps: "
+            f"{scaled} (scaled by {cap}/{planned}; set trainer.{'/'.join(changes)} to override)"
+        )
+        return dataclasses.replace(self, **changes), note
 
 
 def _at_least(value: Any, key: str, low: int) -> None:

@@ -1,4 +1,4 @@
-"""Trainer errors that the CLI prints as one line (exit code 2)."""
+"""Trainer errors that the CLI prints as one line (exit code 2), and the interruption."""
 
 from nyscli.errors import UserInputError
 
@@ -9,3 +9,17 @@ class TrainingDiverged(UserInputError):
 
 class CheckpointError(UserInputError):
     """A checkpoint could not be read (corrupt, truncated, or not a nys checkpoint)."""
+
+
+class TrainingInterrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM stopped training; ``message`` is the one line to print and
+    ``code`` the exit status (128 + the signal number: 130 for SIGINT, 143 for SIGTERM).
+
+    A BaseException, like the KeyboardInterrupt it replaces: handlers of ``Exception`` (Hydra's
+    job runner among them) let it through to the CLI.
+    """
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code

@@ -13,6 +13,8 @@ import contextlib
 import logging
 import math
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -27,13 +29,21 @@ from torch import nn
 from nyscli.errors import UserInputError
 from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
-from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint, save_checkpoint
+from nyscli.train.checkpoint import (
+    BEST,
+    CHECKPOINT_DIR,
+    LAST,
+    load_checkpoint,
+    save_checkpoint,
+    shape_mismatch,
+)
 from nyscli.train.config import TrainerConfig
-from nyscli.train.errors import CheckpointError, TrainingDiverged
+from nyscli.train.errors import CheckpointError, TrainingDiverged, TrainingInterrupted
 from nyscli.train.metrics import METRICS_FILE, BatchResult, MetricsLog, Running
 from nyscli.train.optim import build_optimizer
 from nyscli.train.resources import release_free_heap
-from nyscli.train.schedule import build_scheduler
+from nyscli.train.resume import resume_command
+from nyscli.train.schedule import build_scheduler, warmup_decay_factor
 from nyscli.train.seed import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,28 @@ class FitResult:
     @property
     def tokens_per_s(self) -> float:
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else math.nan
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated` (main thread only), so a
+    termination unwinds like Ctrl-C: atomic writes remove their temp files."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -131,6 +163,7 @@ class Trainer:
         if resume_from is not None:
             resume_from = Path(resume_from)
             self._restore(load_checkpoint(resume_from, self.device), train)
+            self._apply_settings()
             self._adopt_best(resume_from.parent / BEST)
             self.last_good = (resume_from, self.step)
             source = resume_from.parent.parent / METRICS_FILE
@@ -138,7 +171,7 @@ class Trainer:
         self.metrics.start(keep_until=self.step, source=source)
         batches = iter(train)
         stop = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
-        with self._progress() as progress:
+        with self._interruptible(), self._progress() as progress:
             bar = progress.add_task("train", total=cfg.max_steps, completed=self.step, status="")
             while self.step < stop:
                 lr = self._update(batches)
@@ -162,6 +195,25 @@ class Trainer:
             self.train_seconds,
             self.train_tokens,
         )
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """Ctrl-C or SIGTERM inside the block becomes :class:`TrainingInterrupted` (one line)."""
+        try:
+            with _sigterm_raises():
+                yield
+        except KeyboardInterrupt as interrupt:
+            raise self._interrupted(interrupt) from None
+
+    def _interrupted(self, interrupt: KeyboardInterrupt) -> TrainingInterrupted:
+        """The one line for Ctrl-C/SIGTERM: where training stood and how to continue."""
+        signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+        if self.last_good is None:
+            kept = "no checkpoint was written yet"
+        else:
+            kept = f"last checkpoint {self.last_good[0]} (step {self.last_good[1]})"
+            kept += f"; resume with: {resume_command(self.run_dir)}"
+        return TrainingInterrupted(f"interrupted at step {self.step}; {kept}", 128 + signum)
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Any]) -> dict[str, float]:
@@ -245,13 +297,16 @@ class Trainer:
         self.train_tokens += round(tokens)
         return lr
 
-    def _diverged(self, what: str, lr: float) -> TrainingDiverged:
+    def _diverged(self, what: str, lr: float | None, step: int | None = None) -> TrainingDiverged:
+        """The one line for a non-finite loss at ``step`` (default: the update being made)."""
         if self.last_good is None:
             kept = "no checkpoint had been written yet"
         else:
-            kept = f"last good checkpoint: {self.last_good[0]} (step {self.last_good[1]})"
+            kept = f"last finite checkpoint: {self.last_good[0]} (step {self.last_good[1]})"
+        step = self.step + 1 if step is None else step
+        at = f"at step {step}" if lr is None else f"at step {step} (lr {lr:.3g})"
         return TrainingDiverged(
-            f"{what} at step {self.step + 1} (lr {lr:.3g}); training stopped, {kept}; "
+            f"{what} {at}; training stopped, {kept}; "
             "lower trainer.lr, add trainer.clip_grad_norm or use trainer.precision=fp32"
         )
 
@@ -269,7 +324,11 @@ class Trainer:
         summary.pop("tokens_per_s", None)  # eval speed is not training throughput
         self.metrics.append(self.step, "val", {**summary, "elapsed_s": self.train_seconds})
         value = summary.get(self.config.monitor, summary["loss"])
-        if math.isfinite(value) and self._improves(value):
+        # NaN logits still give an accuracy (argmax picks some class): the loss decides.
+        bad = [k for k in ("loss", self.config.monitor) if not math.isfinite(summary.get(k, 0.0))]
+        if bad:
+            raise self._diverged(f"dev {bad[0]} became {summary[bad[0]]}", None, self.step)
+        if self._improves(value):
             self.best_value, self.best_step = value, self.step
             if self.main:
                 save_checkpoint(
@@ -297,6 +356,10 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save_last(self) -> None:
+        # An update can turn the weights non-finite while its own loss was still finite:
+        # such weights never replace the last finite checkpoint.
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise self._diverged("the weights became non-finite", None, self.step)
         # The window's sums over all ranks go into the checkpoint; on resume rank 0 takes them.
         window = distributed.reduce_running(self.window)
         if not self.main:
@@ -327,13 +390,16 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             first = str(error).strip().splitlines()[0][:160]
+            first = shape_mismatch(self.model, state.get("model", {})) or first
             raise CheckpointError(
                 f"checkpoint does not fit this model/optimizer ({first}); resume with the "
                 "same model, task and attention settings"
             ) from None
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
+        same_seed = state["loader"] is None or int(state["loader"]["seed"]) == train.seed
+        if same_seed:  # a changed seed (resume_changes=allow) draws from its own stream
+            set_rng_state(state["rng"])
         if state["loader"] is not None:
             train.load_state_dict(state["loader"])
         self.step = int(state["step"])
@@ -341,6 +407,25 @@ class Trainer:
         self.window = Running.from_state(state["window"]) if self.main else Running()
         self.train_seconds = float(state["train_seconds"])
         self.train_tokens = int(state["train_tokens"])
+
+    def _apply_settings(self) -> None:
+        """This run's optimizer settings and schedule over the ones the checkpoint restored.
+
+        The optimizer's and scheduler's state dicts carry lr, betas, eps and weight decay of
+        the run that wrote them; a resumed run trains with its own (recorded) config. Without
+        changes this sets the same values again.
+        """
+        cfg = self.config
+        factor = warmup_decay_factor(
+            self.step, cfg.warmup_steps, cfg.max_steps, cfg.decay, cfg.min_lr_ratio
+        )
+        decay_group = self.optimizer.param_groups[0]  # build_optimizer: [decay, no decay]
+        decay_group["weight_decay"] = cfg.weight_decay
+        for group in self.optimizer.param_groups:
+            group.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, initial_lr=cfg.lr)
+            group["lr"] = cfg.lr * factor
+        self.scheduler.base_lrs = [cfg.lr] * len(self.optimizer.param_groups)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # noqa: SLF001
 
     def _adopt_best(self, source: Path) -> None:
         """Copy the interrupted run's best.pt here, so ``test`` uses the same best weights."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import resource
+from pathlib import Path
 
 import torch
 
@@ -24,11 +26,36 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _peak_rss_kb() -> int | None:
+    """The kernel's peak resident set of this process (VmHWM, KiB); None without /proc."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for :func:`peak_memory_mb`, so each run of a sweep that runs its jobs
+    in one process reports its own: CUDA's allocator statistics; on CPU free heap pages go
+    back to the OS and VmHWM restarts from the current RSS (``/proc/self/clear_refs``)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    release_free_heap()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated tensor memory; CPU: the process's peak resident set (ru_maxrss)."""
+    """CUDA: peak allocated tensor memory; CPU: the process's peak resident set since the
+    last :func:`reset_peak_memory` (VmHWM; ru_maxrss, the lifetime peak, without /proc)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    peak = _peak_rss_kb()
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
+    return peak / 1024
 
 
 def _load_libc() -> ctypes.CDLL | None:

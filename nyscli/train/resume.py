@@ -1,15 +1,125 @@
-"""Find the checkpoint that ``resume=...`` means: a run folder, or the newest matching run."""
+"""What ``resume=...`` means: which run to continue, and whether it is the same run.
+
+A resumed run must train with exactly the settings it records. Its composed config is
+compared, key by key, with the config the earlier run saved (``.hydra/config.yaml``); only
+the keys in :data:`RUN_CONTROL` (how to run, not what to train) may differ. A difference is
+refused with one line naming the keys, unless ``resume_changes=allow``: then the new values
+are used (the trainer re-applies lr, betas, eps, weight decay, schedule and seed over the
+checkpoint's) and every change is recorded, old and new value, in ``results.csv``.
+``resume=true`` only ever continues the newest run with identical settings; when that run
+has finished there is nothing to do.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import csv
+import shlex
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nyscli.errors import UserInputError
+from nyscli.report.runs import RESULTS_FILE
 from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
 from nyscli.train.errors import CheckpointError
+
+RESUME_CHANGES = ("refuse", "allow")
+# Keys that say how to run, not what to train: they may differ between a run and its resume.
+RUN_CONTROL = (
+    "resume",
+    "resume_changes",
+    "threads",
+    "device",
+    "data_cache",
+    "trainer.progress",
+    "trainer.stop_at_step",
+    "trainer.log_every",
+    "trainer.eval_batch_size",
+)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting that differs between the checkpoint's run (``old``) and this one (``new``)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.old} -> {self.new})"
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """The ``last.pt`` to continue (None: start fresh), the allowed changes, and whether the
+    run named by ``resume=`` already finished (then there is nothing to train)."""
+
+    checkpoint: Path | None = None
+    changes: tuple[Change, ...] = ()
+    finished: bool = False
+
+    @property
+    def run(self) -> Path | None:
+        return None if self.checkpoint is None else self.checkpoint.parent.parent
+
+    def nothing_to_do(self) -> str | None:
+        """The one line to print instead of starting a run, or None."""
+        if not self.finished:
+            return None
+        return f"resume: the run {self.run} already finished (results.csv); nothing to do"
+
+    def changes_text(self) -> str | None:
+        """``key (old -> new); ...`` for results.csv, None without changes."""
+        return "; ".join(map(str, self.changes)) or None
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_flat(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return out
+
+
+def settings(cfg: DictConfig) -> dict[str, Any]:
+    """Every resolved config value by dotted key, without the :data:`RUN_CONTROL` keys."""
+    values = _flat(OmegaConf.to_container(cfg, resolve=True))
+    return {
+        k: v
+        for k, v in values.items()
+        if not any(k == c or k.startswith(f"{c}.") for c in RUN_CONTROL)
+    }
+
+
+def setup_changes(old: DictConfig, new: DictConfig) -> list[Change]:
+    """The settings of ``new`` that differ from (or are missing in) ``old``, sorted by key."""
+    before, after = settings(old), settings(new)
+    missing = "(unset)"
+    return [
+        Change(k, before.get(k, missing), after.get(k, missing))
+        for k in sorted(set(before) | set(after))
+        if before.get(k, missing) != after.get(k, missing)
+    ]
+
+
+def is_finished(run: Path) -> bool:
+    """True when the run wrote ``results.csv`` and every row's ``status`` is ``ok``."""
+    path = Path(run) / RESULTS_FILE
+    if not path.is_file():
+        return False
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return bool(rows) and all(row.get("status", "ok") == "ok" for row in rows)
+
+
+def _saved_config(run: Path) -> DictConfig | None:
+    path = run / ".hydra" / "config.yaml"
+    return OmegaConf.load(path) if path.is_file() else None  # type: ignore[return-value]
 
 
 def _last_checkpoint(run: Path) -> Path | None:
@@ -17,42 +127,91 @@ def _last_checkpoint(run: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def find_resume_checkpoint(
-    resume: Any,
-    runs_root: Path,
-    current_run: Path,
-    matches: Callable[[DictConfig], bool],
-) -> Path | None:
-    """The ``last.pt`` to continue from, or None for ``resume=false``.
+def _off(resume: Any) -> bool:
+    return resume is None or resume is False or str(resume).lower() in ("false", "none", "null")
 
-    ``resume=true``: the newest run folder under ``runs_root`` (by name, i.e. time stamp)
-    other than ``current_run`` whose saved config ``matches`` and that has a checkpoint.
-    ``resume=<path>``: that run folder (or that checkpoint file).
+
+def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = None) -> ResumePlan:
+    """What ``cfg.resume`` asks for (UserInputError/CheckpointError when it cannot be done).
+
+    ``resume=true``: the newest run folder under ``runs_root`` (by ``last.pt`` time, other than
+    ``current_run``) whose settings are identical; if it finished, ``finished`` is set.
+    ``resume=<run folder or last.pt>``: that run, after comparing its saved settings.
     """
-    if resume is None or resume is False or str(resume).lower() in ("false", "none", "null"):
-        return None
+    resume = cfg.get("resume")
+    if _off(resume):
+        return ResumePlan()
+    allow = cfg.get("resume_changes", "refuse")
+    if allow not in RESUME_CHANGES:
+        raise UserInputError(
+            f"resume_changes={allow} is not allowed; choose one of: {', '.join(RESUME_CHANGES)}"
+        )
+    here = Path(current_run).resolve() if current_run is not None else None
     if resume is True or str(resume).lower() == "true":
-        candidates = []
-        for config in Path(runs_root).rglob(".hydra/config.yaml"):
-            run = config.parent.parent
-            if run.resolve() == Path(current_run).resolve():
-                continue
-            last = _last_checkpoint(run)
-            if last is not None and matches(OmegaConf.load(config)):
-                candidates.append((last.stat().st_mtime, last))
-        if not candidates:
-            raise CheckpointError(
-                f"resume=true found no run with {CHECKPOINT_DIR}/{LAST} and the same task, "
-                f"model and attention under {runs_root}; give resume=<run folder>"
-            )
-        return max(candidates)[1]
+        return _newest_identical(cfg, Path(runs_root), here)
     path = Path(str(resume)).expanduser()
-    if path.is_file():
-        return path
-    last = _last_checkpoint(path) if path.is_dir() else None
-    if last is None:
+    checkpoint = path if path.is_file() else (_last_checkpoint(path) if path.is_dir() else None)
+    if checkpoint is None:
         raise CheckpointError(
             f"resume={resume} is not a run folder with {CHECKPOINT_DIR}/{LAST}; "
             "give a run folder of an earlier run, true (newest matching run) or false"
         )
-    return last
+    run = checkpoint.parent.parent
+    saved = _saved_config(run)
+    if saved is None:
+        raise CheckpointError(
+            f"resume={resume}: {run}/.hydra/config.yaml is missing, so the settings it ran "
+            "with are unknown; give a run folder that nys wrote"
+        )
+    try:
+        changes = setup_changes(saved, cfg)
+    except Exception as error:  # an old config that no longer resolves
+        raise CheckpointError(
+            f"resume={resume}: its saved config does not resolve ({error})"
+        ) from None
+    if changes and allow != "allow":
+        raise UserInputError(
+            f"resume={resume}: these settings differ from that run's: "
+            f"{', '.join(map(str, changes))}; drop those overrides, or add resume_changes=allow "
+            "to resume with them (both values are recorded)"
+        )
+    return ResumePlan(checkpoint, tuple(changes), is_finished(run))
+
+
+def _newest_identical(cfg: DictConfig, runs_root: Path, here: Path | None) -> ResumePlan:
+    candidates = []
+    for config in runs_root.rglob(".hydra/config.yaml"):
+        run = config.parent.parent
+        last = _last_checkpoint(run)
+        if last is None or run.resolve() == here:
+            continue
+        try:
+            same = not setup_changes(OmegaConf.load(config), cfg)  # type: ignore[arg-type]
+        except Exception:  # an old config that no longer resolves is simply not a match
+            continue
+        if same:
+            candidates.append((last.stat().st_mtime, str(last), last))
+    if not candidates:
+        raise CheckpointError(
+            f"resume=true found no run with {CHECKPOINT_DIR}/{LAST} and exactly these settings "
+            f"under {runs_root}; give resume=<run folder> (resume_changes=allow to change "
+            "settings)"
+        )
+    last = max(candidates)[2]
+    return ResumePlan(last, (), is_finished(last.parent.parent))
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command line that continues ``run_dir``: this process's arguments with any
+    ``resume``/``hydra.run.dir`` replaced by ``resume=<run_dir>``."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key == "--resume" and "=" not in arg:
+            skip = True  # its value is the next argument
+        elif key not in ("resume", "--resume", "hydra.run.dir"):
+            args.append(arg)
+    return shlex.join(["nys", *args, f"resume={run_dir}"])

@@ -1,0 +1,305 @@
+"""Bad input and faults: one line naming the value or file, exit code 2, no traceback, and no
+run folder left behind (or, once a run has produced something, one marked failed).
+
+Validation happens before any torch work, so most cases run in this process through the
+bridge's ``launch()``; a few go through the real ``python -m nyscli.cli`` entry point.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from nyscli.bridge import launch
+from nyscli.report.runs import ERROR_FILE, find_run_folders, load_run
+
+# (command, overrides, fragment the one line must contain)
+BAD_VALUES = [
+    ("bench", ["timeout_s=-1"], "timeout_s=-1"),
+    ("bench", ["memory_limit_mb=-5"], "memory_limit_mb=-5"),
+    ("bench", ["warmup=-1"], "warmup=-1"),
+    ("bench", ["threads=0"], "threads=0"),
+    ("bench", ["baseline=nope"], "baseline=nope"),
+    ("bench", ["attention_set=none"], "attention_set=none"),
+    ("bench", ["seq_lens=[0]"], "seq_lens=[0]"),
+    ("bench", ["seq_lens=[]"], "seq_lens=[]"),
+    ("bench", ["seed=abc"], "seed=abc"),
+    ("bench", ["dtype=fp8"], "dtype=fp8"),
+    ("bench", ["batch_size=1.5"], "batch_size=1.5"),
+    ("bench", ["attention=softmax", "attention.causal=maybe"], "attention.causal=maybe"),
+    ("bench", ["repeats=2", "min_repeats=5"], "min_repeats=5"),
+    ("bench", ["time_budget_s=0"], "time_budget_s=0"),
+    ("approx_error", ["seq_len=0"], "seq_len=0"),
+    ("approx_error", ["scale=-1"], "scale=-1"),
+    ("approx_error", ["landmarks=[0]"], "landmarks=[0]"),
+    ("approx_error", ["threads=0"], "threads=0"),
+    ("approx_error", ["seed=1.5"], "seed=1.5"),
+    ("approx_error", ["plots=maybe"], "plots=maybe"),
+    ("approx_error", ["source=nope"], "source=nope"),
+    ("approx_error", ["attention.pinv_iterations=0"], "attention.pinv_iterations=0"),
+    ("lra", ["seed=abc"], "seed=abc"),
+    ("lra", ["model.dim=-64"], "model.dim=-64"),
+    ("lra", ["model.dropout=1.5"], "model.dropout=1.5"),
+    ("lra", ["trainer.lr=abc"], "trainer.lr=abc"),
+    ("lra", ["threads=0"], "threads=0"),
+    ("lra", ["trainer.warmup_steps=-1"], "trainer.warmup_steps=-1"),
+    ("lra", ["trainer.beta2=1"], "trainer.beta2=1"),
+    ("lra", ["attention=softmax", "attention.causal=maybe"], "attention.causal=maybe"),
+    ("lra", ["task.generate.n_train=0"], "task.generate.n_train=0"),
+    ("lra", ["task.eval_examples=0"], "task.eval_examples=0"),
+    ("lra", ["task=text", "task.data.val_fraction=1.5"], "task.data.val_fraction=1.5"),
+    ("lra", ["task=pathfinder", "task.data.difficulty=extreme"], "task.data.difficulty=extreme"),
+    ("lra", ["task=nope"], "task/nope"),
+    ("lra", ["trainer.progress=maybe"], "trainer.progress=maybe"),
+    ("pretrain", ["tokenizer.vocab_size=0"], "tokenizer.vocab_size=0"),
+    ("pretrain", ["mlm_probability=1.5"], "mlm_probability=1.5"),
+    ("pretrain", ["data.val_fraction=0"], "data.val_fraction=0"),
+    ("pretrain", ["model.num_heads=0"], "model.num_heads=0"),
+    ("pretrain", ["trainer.clip_grad_norm=-1"], "trainer.clip_grad_norm=-1"),
+    ("pretrain", ["tokenizer.min_frequency=0"], "tokenizer.min_frequency=0"),
+    ("finetune", ["epochs=0"], "epochs=0"),
+    ("finetune", ["warmup_ratio=1.5"], "warmup_ratio=1.5"),
+    ("finetune", ["finetune_task@task=sst2", "task.max_len=2"], "task.max_len=2"),
+    ("finetune", ["seed=-3"], "seed=-3"),
+    ("finetune", ["task.test_examples=0"], "task.test_examples=0"),
+    ("finetune", ["trainer.max_steps=0"], "trainer.max_steps=0"),
+    ("finetune", ["trainer.lr=-1"], "trainer.lr=-1"),
+]
+
+
+def one_error(capsys) -> str:
+    """The single output line of a refused command (it must be exactly one)."""
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0] and lines[0].startswith("error: ")
+    return lines[0]
+
+
+def no_runs(root: Path) -> bool:
+    return not (root / "outputs").exists() or not find_run_folders([root / "outputs"])
+
+
+@pytest.mark.parametrize(("command", "overrides", "fragment"), BAD_VALUES)
+def test_bad_value_is_one_line_exit_2_and_no_folder(
+    command, overrides, fragment, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert launch(command, overrides) == 2
+    assert fragment in one_error(capsys)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_bad_value_in_one_sweep_job_refuses_the_whole_sweep(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert launch("lra", ["--multirun", "model.dropout=0.1,1.5"]) == 2
+    assert "model.dropout=1.5" in one_error(capsys)
+    assert not (tmp_path / "outputs").exists()
+
+
+# -------------------------------------------------------------- the real entry point
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["lra", "--steps", "abc"], "'--steps'"),
+        (["bench", "--no-such-option"], "--no-such-option"),
+        (["no-such-command"], "no-such-command"),
+        (["bench", "--seq-len", "64", "seq_lens=[128]"], "seq_lens"),
+        (["finetune", "--task", "sst2", "task=mrpc"], "task=mrpc"),
+        (["lra", "model.dropout=1.5"], "model.dropout=1.5"),
+    ],
+)
+def test_parse_errors_and_conflicts_are_one_line_in_a_subprocess(run_nys, tmp_path, args, fragment):
+    done = run_nys(*args)
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, output
+    assert len(output.splitlines()) == 1, output
+    assert fragment in output and "Traceback" not in output and "╭" not in output
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_report_out_a_directory_is_an_error(run_nys, tmp_path):
+    (tmp_path / "runs").mkdir()
+    done = run_nys("report", "runs", "--out", str(tmp_path))
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and len(output.splitlines()) == 1
+    assert f"--out={tmp_path}" in output
+
+
+# ------------------------------------------------------------------- overwrite refusal
+
+
+def fake_run(folder: Path) -> dict[str, str]:
+    """A finished-looking run folder; returns {relative path: sha256} of its files."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("command: bench\n")
+    (folder / "results.csv").write_text("attention,time_ms\nnystrom-64,1.5\n")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "last.pt").write_bytes(b"\x00weights" * 100)
+    return digest(folder)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_existing_run_given_as_run_dir_is_refused_and_left_byte_identical(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "old_run"
+    before = fake_run(run)
+    assert launch("bench", [f"hydra.run.dir={run}", "seq_lens=[8]"]) == 2
+    assert f"hydra.run.dir={run} already holds a run" in one_error(capsys)
+    assert digest(run) == before
+
+
+def test_existing_sweep_given_as_sweep_dir_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    before = fake_run(tmp_path / "sweep" / "0")
+    code = launch("bench", ["--multirun", f"hydra.sweep.dir={tmp_path / 'sweep'}", "seed=1,2"])
+    assert code == 2
+    assert "hydra.sweep.dir=" in one_error(capsys)
+    assert digest(tmp_path / "sweep" / "0") == before
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0"]
+
+
+def test_existing_run_is_refused_by_the_real_command(run_nys, tmp_path):
+    before = fake_run(tmp_path / "done")
+    done = run_nys("bench", "hydra.run.dir=done", "seq_lens=[8]")
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and len(output.splitlines()) == 1, output
+    assert "already holds a run" in output
+    assert digest(tmp_path / "done") == before
+
+
+# --------------------------------------------------------------------- faults at run time
+
+
+def imdb_csv_gz(path: Path, rows: int = 40) -> bytes:
+    lines = ["review,sentiment"] + [
+        f"review {i} was {'good' if i % 2 else 'bad'},{'positive' if i % 2 else 'negative'}"
+        for i in range(rows)
+    ]
+    data = gzip.compress(("\n".join(lines) + "\n").encode())
+    path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_gzip", "empty"])
+def test_corrupt_csv_gz_is_one_line_naming_the_file(damage, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "imdb.csv.gz"
+    data = imdb_csv_gz(bad)
+    damaged = {"truncated": data[: len(data) // 2], "not_gzip": b"<html>", "empty": b""}
+    bad.write_bytes(damaged[damage])
+    code = launch("lra", ["task=text", f"task.data.path={bad}", "threads=1", "trainer.max_steps=1"])
+    assert code == 2
+    line = one_error(capsys)
+    assert str(bad) in line and "data.path" in line
+    assert no_runs(tmp_path)
+
+
+def test_binary_text_file_is_refused_before_a_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    binary = tmp_path / "notes.txt"
+    binary.write_bytes(bytes(range(256)) * 8)
+    assert launch("approx_error", ["source=minilm", f"text_path={binary}"]) == 2
+    assert f"text_path={binary} is a binary file" in one_error(capsys)
+    assert not (tmp_path / "outputs").exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(bytes(range(256)) * 8)
+    code = launch("pretrain", ["data=folder", f"data.path={corpus}", "threads=1"])
+    assert code == 2
+    assert f"{corpus / 'a.txt'} is a binary file" in one_error(capsys)
+    assert no_runs(tmp_path)
+
+
+def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    glue = tmp_path / "SST-2"
+    glue.mkdir()
+    for split in ("train", "dev"):
+        (glue / f"{split}.tsv").write_text("sentence\tlabel\n")
+    assert launch("finetune", [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]) == 2
+    line = one_error(capsys)
+    assert str(glue) in line and "no labelled examples" in line and "train" in line
+    assert no_runs(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["hydra.run.dir", "data_cache"])
+def test_unwritable_path_is_one_line_naming_it(key, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    target = blocker / "below"
+    code = launch("lra", [f"{key}={target}", "threads=1", "trainer.max_steps=1"])
+    assert code == 2
+    line = one_error(capsys)
+    assert str(blocker) in line and "Not a directory" in line
+    assert no_runs(tmp_path)
+
+
+TINY_LRA = [
+    "task.generate.n_train=8",
+    "task.generate.n_val=4",
+    "task.generate.n_test=4",
+    "task.generate.min_len=5",
+    "task.generate.max_len=40",
+    "task.generate.max_depth=3",
+    "task.max_len=48",
+    "model.dim=16",
+    "model.ffn_dim=16",
+    "model.depth=1",
+    "trainer.batch_size=4",
+    "trainer.max_steps=3",
+    "trainer.eval_every=1",
+    "trainer.progress=false",
+    "attention=softmax",
+    "threads=1",
+]
+
+
+def test_full_disk_during_checkpoint_save_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
+    """The second save hits ENOSPC half-way: one line naming last.pt, no temp file, the first
+    checkpoint intact, and the run folder marked failed (report does not count it)."""
+    import torch
+
+    from nyscli.train import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    saves = {"n": 0}
+    real_save = torch.save
+
+    def full_disk(obj, handle, *args, **kwargs):
+        target = os.readlink(f"/proc/self/fd/{handle.fileno()}")  # the temp file's path
+        saves["n"] += ".last.pt." in target
+        if saves["n"] >= 2:
+            handle.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, handle, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    code = launch("lra", [*TINY_LRA, f"data_cache={tmp_path / 'cache'}"])
+    assert code == 2
+    out = capsys.readouterr().out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out
+    assert "last.pt: No space left on device" in errors[0]
+    (run,) = find_run_folders([tmp_path / "outputs"])
+    assert not list(run.rglob("*.tmp"))
+    state = checkpoint.load_checkpoint(run / "checkpoints" / "last.pt")
+    assert state["step"] == 1
+    assert (run / ERROR_FILE).exists() and not load_run(run).ok

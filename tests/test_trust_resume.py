@@ -1,0 +1,94 @@
+"""Resume records what ran: a changed setting is refused (or, asked for, applied and recorded),
+``--resume true`` only continues a run with identical settings, a finished run is left alone."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from nyscli.train import ShuffledBatches
+from nyscli.train.resume import Change, setup_changes
+from tests.test_lra import TINY, run_folders
+
+
+def test_setup_changes_ignore_only_how_to_run():
+    old = OmegaConf.create(
+        {"seed": 0, "threads": 1, "resume": False, "task": {"steps": 4},
+         "trainer": {"lr": 1e-4, "progress": True, "max_steps": "${task.steps}"}}
+    )  # fmt: skip
+    new = OmegaConf.create(
+        {"seed": 3, "threads": 2, "resume": "x", "task": {"steps": 4},
+         "trainer": {"lr": 5e-4, "progress": False, "max_steps": 4}}
+    )  # fmt: skip
+    assert setup_changes(old, new) == [Change("seed", 0, 3), Change("trainer.lr", 1e-4, 5e-4)]
+
+
+@pytest.fixture
+def stopped_run(run_nys, tmp_path):
+    """An lra run stopped at step 2 of 4 (checkpoints/last.pt, status "stopped at step 2")."""
+    args = [*TINY, f"data_cache={tmp_path / 'cache'}"]
+    first = run_nys("lra", *args, "trainer.stop_at_step=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    return args, run
+
+
+def test_changed_settings_are_refused_in_one_line_without_a_folder(run_nys, tmp_path, stopped_run):
+    args, run = stopped_run
+    refused = run_nys("lra", *args, f"resume={run}", "trainer.lr=5e-4", "seed=3")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    line = " ".join(refused.stdout.split())
+    assert "seed (0 -> 3)" in line and "trainer.lr (0.0001 -> 0.0005)" in line
+    assert "resume_changes=allow" in line and "Traceback" not in refused.stdout + refused.stderr
+    picky = run_nys("lra", *args, "--resume", "true", "seed=99")
+    assert picky.returncode == 2 and "exactly these settings" in picky.stdout
+    assert run_folders(tmp_path / "outputs" / "lra") == [run]  # no new folder
+
+
+def test_allowed_changes_are_applied_and_both_values_recorded(run_nys, tmp_path, stopped_run):
+    args, run = stopped_run
+    done = run_nys("lra", *args, f"resume={run}", "trainer.lr=5e-4", "resume_changes=allow")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+    row = pd.read_csv(resumed / "results.csv").iloc[0]
+    assert row.resume_changes == "trainer.lr (0.0001 -> 0.0005)" and row.status == "ok"
+    assert OmegaConf.load(resumed / ".hydra" / "config.yaml").trainer.lr == 5e-4
+    train = pd.read_csv(resumed / "metrics.csv").set_index("step")
+    train = train[train.split == "train"]
+    # Warm-up 1 of 4 steps: update k uses lr * (1 - (k - 2) / 3); the old lr up to step 2.
+    assert train.lr[2] == 1e-4
+    assert train.lr[3] == pytest.approx(5e-4 * 2 / 3, rel=1e-12)
+    assert train.lr[4] == pytest.approx(5e-4 * 1 / 3, rel=1e-12)
+
+    again = run_nys("lra", *args, f"resume={resumed}", "trainer.lr=5e-4", "resume_changes=allow")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already finished" in again.stdout and "nothing to do" in again.stdout
+    assert len(run_folders(tmp_path / "outputs" / "lra")) == 2  # no new folder
+
+
+def test_resume_true_continues_the_identical_run_then_has_nothing_to_do(
+    run_nys, tmp_path, stopped_run
+):
+    args, run = stopped_run
+    done = run_nys("lra", *args, "--resume", "true")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+    row = pd.read_csv(resumed / "results.csv").iloc[0]
+    assert row.resumed_from.endswith(f"{run.name}/checkpoints/last.pt") and row.steps == 4
+    assert pd.isna(row.resume_changes)
+    finished = run_nys("lra", *args, "--resume", "true")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert f"{resumed.name} already finished" in finished.stdout.replace("\n", "")
+    assert len(run_folders(tmp_path / "outputs" / "lra")) == 2
+
+
+def test_a_changed_seed_draws_the_remaining_batches_from_its_own_stream():
+    old = ShuffledBatches(list(range(40)), 4, list, seed=0)
+    old.position = 3
+    new = ShuffledBatches(list(range(40)), 4, list, seed=3)
+    new.load_state_dict(old.state_dict())
+    assert (new.seed, new.position) == (3, 3)
+    first = next(iter(new))
+    assert first == ShuffledBatches(list(range(40)), 4, list, seed=3).epoch_batches(0)[3].tolist()
+    assert first != old.epoch_batches(0)[3].tolist()

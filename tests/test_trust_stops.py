@@ -1,0 +1,99 @@
+"""Runs that stop early stop cleanly: a non-finite dev loss or weights never become a
+checkpoint, and Ctrl-C/SIGTERM end in one line with the last checkpoint intact."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from nyscli.experiments.lra_tasks import classification_objective
+from nyscli.train import BEST, LAST, TrainingDiverged, load_checkpoint
+from tests.test_lra import TINY, run_folders
+from tests.test_train import make_trainer
+
+
+def test_nan_dev_loss_is_never_best_and_names_the_last_finite_checkpoint(tmp_path):
+    trainer, train, dev = make_trainer(tmp_path, eval_every=2, checkpoint_every=1)
+
+    def poisoned(model, batch):
+        result = classification_objective(model, batch)
+        if not model.training and trainer.step >= 4:  # the second evaluation
+            result.loss = result.loss * float("nan")  # the accuracy stays finite
+        return result
+
+    trainer.objective = poisoned
+    last = tmp_path / "checkpoints" / LAST
+    with pytest.raises(TrainingDiverged) as stopped:
+        trainer.fit(train, dev)
+    assert str(stopped.value).startswith(
+        f"dev loss became nan at step 4; training stopped, last finite checkpoint: {last} (step 3)"
+    )
+    assert load_checkpoint(last)["step"] == 3
+    assert load_checkpoint(tmp_path / "checkpoints" / BEST)["step"] == 2  # the finite one
+
+
+def test_non_finite_weights_never_replace_the_last_checkpoint(tmp_path):
+    trainer, train, dev = make_trainer(tmp_path, checkpoint_every=1)
+
+    def poison(optimizer, args, kwargs):
+        if trainer.step == 2:  # the third update ends with a NaN weight, its loss was finite
+            next(trainer.model.parameters()).data.fill_(float("nan"))
+
+    trainer.optimizer.register_step_post_hook(poison)
+    with pytest.raises(TrainingDiverged, match=r"weights became non-finite at step 3; .*step 2\)"):
+        trainer.fit(train, dev)
+    state = load_checkpoint(tmp_path / "checkpoints" / LAST)
+    assert state["step"] == 2 and all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+def test_the_issues_nan_run_stops_in_one_line_without_best(run_nys, tmp_path):
+    done = run_nys(
+        "lra", *TINY, f"data_cache={tmp_path / 'c'}", "trainer.lr=1e6", "trainer.eval_every=1"
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "dev loss became nan at step 1" in errors[0]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not list((tmp_path / "outputs").rglob(BEST))
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_says_where_to_resume_and_leaves_its_checkpoint_intact(
+    run_nys, tmp_path, signum, code
+):
+    args = [*TINY, f"data_cache={tmp_path / 'c'}", "trainer.checkpoint_every=1"]
+    args[args.index("--steps") + 1] = "100000"
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "nyscli.cli", "lra", *args, "trainer.progress=false"]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "outputs").rglob(LAST)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # checkpoints are being written every step now
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stdout + stderr
+    [line] = [line for line in stdout.splitlines() if "interrupted" in line]
+    assert line.startswith("error: interrupted at step ") and "Traceback" not in stdout + stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    step = load_checkpoint(run / "checkpoints" / LAST)["step"]  # intact and readable
+    assert f"(step {step})" in line and step >= 1
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+    if signum == signal.SIGINT:  # the printed command continues the run
+        resume = shlex.split(line.split("resume with: ", 1)[1])
+        assert resume[0] == "nys" and resume[-1] == f"resume={run}"
+        again = run_nys(*resume[1:], f"trainer.stop_at_step={step + 1}")
+        assert again.returncode == 0, again.stdout + again.stderr
+        [second] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+        row = pd.read_csv(second / "results.csv").iloc[0]
+        assert row.resumed_from == str(run / "checkpoints" / LAST) and row.steps == step + 1
