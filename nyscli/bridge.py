@@ -43,6 +43,7 @@ from nyscli.attention import AttentionConfigError
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
+from nyscli.paths import CONF_SOURCE
 from nyscli.report.console import console
 from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
@@ -52,10 +53,6 @@ from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
-# The configs ship inside the package (nyscli/conf), so a wheel works from any directory;
-# Hydra reads them as a package resource, CONF_DIR is the same folder on disk.
-CONF_SOURCE = "pkg://nyscli.conf"
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 OUTPUT_ROOT = "outputs"
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
@@ -274,8 +271,9 @@ class Task:
         module = experiment_module(command)
         main = distributed.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
+            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"))
             try:
-                write_json(collect_env(str(cfg.get("device", "cpu"))), run_dir / ENV_FILE)
+                write_json(env, run_dir / ENV_FILE)
             except OSError as error:
                 raise Abort(describe_os_error(error), 2) from error
         else:

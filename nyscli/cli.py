@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
-from omegaconf import OmegaConf
 from rich.markup import escape
 
 try:  # Typer >= 0.26 vendors click; older ones use the click package
@@ -15,9 +14,12 @@ try:  # Typer >= 0.26 vendors click; older ones use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
-from nyscli.bridge import CONF_DIR, launch
 from nyscli.errors import UserInputError, describe_os_error
+from nyscli.paths import CONF_DIR
 from nyscli.report.console import console
+
+# Only typer, rich and the config folder at import time: torch, Hydra and the experiments load
+# when a command runs, so ``nys --help`` and tab completion answer in well under a second.
 
 app = typer.Typer(
     help="nys: measure and reproduce Nyström attention and its rivals (Xiong et al., AAAI 2021).",
@@ -37,6 +39,8 @@ def complete_overrides(command: str):
     """Tab completion of ``group=option`` from conf/ and of the primary config's keys."""
 
     def complete(incomplete: str) -> list[str]:
+        import yaml  # not omegaconf: completion must answer fast
+
         choices = []
         internal = ("hydra", "base", "__pycache__")
         for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in internal):
@@ -44,7 +48,7 @@ def complete_overrides(command: str):
         # The command's own keys and those every command shares (conf/base/default.yaml).
         for source in (CONF_DIR / f"{command}.yaml", CONF_DIR / "base" / "default.yaml"):
             if source.exists():
-                keys = OmegaConf.load(source).keys()
+                keys = (yaml.safe_load(source.read_text()) or {}).keys()
                 choices += [f"{k}=" for k in keys if k not in ("defaults", "hydra")]
         return [c for c in choices if c.startswith(incomplete)]
 
@@ -62,6 +66,8 @@ def run_hydra_command(
 
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
+    from nyscli.bridge import launch
+
     given = {key: value for key, value in typed.items() if value is not None}
     for override in overrides or []:
         key = override.split("=", 1)[0].lstrip("+~")

@@ -9,6 +9,7 @@ import torch
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.attention.landmarks import segment_means
+from nyscli.attention.multihead import ValueConvSkip
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
 from tests.conftest import smooth_qkv
 
@@ -162,6 +163,42 @@ def test_masked_nystrom_equals_nystrom_on_the_unpadded_sequence():
     torch.testing.assert_close(padded, trimmed, rtol=0, atol=1e-10)
 
 
+def test_padding_a_short_sequence_past_m_keeps_it_exact():
+    """44 real tokens, m = 64: exact attention whether the batch is padded to 44 or to 100."""
+    q, k, v = smooth_qkv(1, 2, 100, 8, seed=12)
+    keep = torch.ones(1, 100, dtype=torch.bool)
+    keep[0, 44:] = False
+    core = nystrom(num_landmarks=64)
+    unpadded = core(q[:, :, :44], k[:, :, :44], v[:, :, :44])
+    padded = core(q, k, v, keep)[:, :, :44]
+    torch.testing.assert_close(padded, unpadded, rtol=0, atol=1e-12)
+    exact = reference_attention(q[:, :, :44], k[:, :, :44], v[:, :, :44])
+    torch.testing.assert_close(padded, exact, rtol=0, atol=1e-12)
+
+
+def test_mixed_batch_decides_exactness_per_sequence():
+    """A short sequence is exact and a long one is Nyström, each as if alone in its batch."""
+    q, k, v = smooth_qkv(3, 2, 100, 8, seed=13)
+    keep = torch.ones(3, 100, dtype=torch.bool)
+    keep[0, 30:] = False  # 30 real tokens <= m: exact
+    keep[2, 90:] = False  # 90 real tokens > m: Nystrom
+    core = nystrom(num_landmarks=32)
+    out = core(q, k, v, keep)
+    alone_0 = core(q[:1, :, :30], k[:1, :, :30], v[:1, :, :30])
+    torch.testing.assert_close(out[:1, :, :30], alone_0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out[1:2], core(q[1:2], k[1:2], v[1:2]), rtol=0, atol=1e-12)
+    alone_2 = core(q[2:, :, :90], k[2:, :, :90], v[2:, :, :90])
+    torch.testing.assert_close(out[2:, :, :90], alone_2, rtol=0, atol=1e-10)
+    exact_2 = reference_attention(q[2:, :, :90], k[2:, :, :90], v[2:, :, :90])
+    assert (alone_2 - exact_2).abs().max() > 1e-6  # sequence 2 really is approximated
+    small = [t[:2, :, :9].clone().requires_grad_() for t in (q, k, v)]
+    mask = keep[:2, :9].clone()
+    mask[0, 3:] = False  # 3 real tokens <= 4 landmarks: exact; the other 9 > 4: Nystrom
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: nystrom(num_landmarks=4)(a, b, c, mask), small
+    )
+
+
 @pytest.mark.parametrize("n,m", [(1000, 64), (1, 64), (7, 64), (65, 64), (129, 32)])
 def test_odd_lengths(n, m):
     q, k, v = smooth_qkv(1, 2, n, 8, seed=6)
@@ -228,6 +265,32 @@ def test_conv_skip_ignores_padding_and_matches_manual_depthwise_conv():
     v2 = v.clone()
     v2[:, :, 7:] += 100
     torch.testing.assert_close(mha.conv_skip(v, keep)[:, :, :7], mha.conv_skip(v2, keep)[:, :, :7])
+
+
+def per_head_conv(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The skip as first written: a Conv2d over H channels with a (k, 1) kernel."""
+    k = weight.shape[2]
+    left = (k - 1) // 2
+    padded = torch.nn.functional.pad(v, (0, 0, left, k - 1 - left))
+    return torch.nn.functional.conv2d(padded, weight, groups=v.shape[1])
+
+
+@pytest.mark.parametrize("kernel", [35, 33, 4, 1])
+def test_conv_skip_forward_and_backward_equal_the_per_head_conv(kernel):
+    torch.manual_seed(kernel)
+    skip = ValueConvSkip(3, kernel).double()
+    v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
+    keep = torch.rand(2, 50) > 0.2
+    out = skip(v, keep)
+    expected = per_head_conv(v * keep[:, None, :, None], skip.conv.weight)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (v, skip.conv.weight), grad)
+    want = torch.autograd.grad(expected, (v, skip.conv.weight), grad)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    small = torch.randn(1, 3, 6, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: skip(x), (small,))
 
 
 @pytest.mark.parametrize(

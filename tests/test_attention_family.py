@@ -296,6 +296,21 @@ def test_reformer_equals_the_lsh_procedure_written_with_loops(n_hashes, n, padde
     torch.testing.assert_close(core(q, k, v, mask), lsh_reference(core, q, v, mask))
 
 
+def test_reformer_buckets_under_bf16_autocast_equal_fp32():
+    """The hash is computed in fp32 with autocast off: precision must not move tokens."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 2048, 32)  # fp32, as the projections hand it over before autocast
+    core = build("reformer", bucket_size=32, n_hashes=2)
+    ids = core.buckets(q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ids_bf16 = core.buckets(q)
+        out_bf16 = core(q, q, q)
+    assert torch.equal(ids_bf16, ids)
+    assert len(ids.unique()) == core.num_buckets(2048)
+    # Same buckets, so the bf16 output differs from fp32 only by bf16 rounding.
+    torch.testing.assert_close(out_bf16.float(), core(q, q, q), rtol=0.05, atol=0.05)
+
+
 # ------------------------------------------------------------------------- every variant
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pandas as pd
 from rich.console import Console
 
-from nyscli.experiments.bench import render, run_point
+from nyscli.experiments.bench import render
+from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
+from nyscli.report.env import collect_env
+
+
+def run_point(spec, timeout_s):
+    """One point alone through the interleaved path (a one-row round robin)."""
+    return measure_interleaved([spec], timeout_s, noise_threshold=10.0)[0]
+
 
 SPEC = {
     "batch_size": 1,
@@ -89,3 +97,99 @@ def test_table_shows_values_and_ratios_to_the_baseline_row():
     assert "20.0 (0.05×)" in text  # nystrom memory at n=1024: 20 / 400
     assert "10.0 (0.25×)" in text  # nystrom time at n=1024: 10 / 40
     assert "OOM" in text
+
+
+class FakeWorker:
+    """Stands in for a bench worker process: scripted times, and a shared log of call order."""
+
+    def __init__(self, spec, timeout_s, log, times):
+        self.name = spec["attention"]["name"]
+        self.log = log
+        self.times = iter(times[self.name])
+
+    def ready(self):
+        return {"peak_mb": 1.0, "first_ms": {"slow": 1000.0}.get(self.name, 100.0)}
+
+    def time_one(self):
+        self.log.append(self.name)
+        return next(self.times)
+
+    def close(self):
+        pass
+
+
+def fake_specs(*names):
+    return [
+        {"attention": {"name": name}, "time_budget_s": 4.0, "repeats": 8, "min_repeats": 2}
+        for name in names
+    ]
+
+
+def test_rows_are_timed_in_turn_and_a_slow_rows_calls_spread_over_the_rounds():
+    log = []
+    times = {"a": [10.0] * 8, "b": [20.0] * 8, "slow": [500.0] * 8}
+    results = measure_interleaved(
+        fake_specs("a", "b", "slow"),
+        60,
+        0.2,
+        start=lambda spec, timeout: FakeWorker(spec, timeout, log, times),
+    )
+    # a and b: 4 s / 100 ms -> 8 calls (the cap); slow: 4 s / 1 s -> 4 calls, every other round.
+    assert log == ["a", "b", "a", "b", "slow"] * 4
+    assert [r["repeats"] for r in results] == [8, 8, 4]
+    assert [r["time_ms"] for r in results] == [10.0, 20.0, 500.0]
+    assert not any(r["noisy"] or r["remeasured"] for r in results)
+
+
+def test_a_noisy_point_is_timed_again_and_marked_if_it_stays_noisy():
+    log = []
+    burst = [10.0, 10.0, 10.0, 40.0, 40.0, 10.0, 40.0, 10.0]  # IQR/median 3 on the first pass
+    times = {"calm": burst + [10.0] * 8, "stormy": burst * 2}
+    calm, stormy = measure_interleaved(
+        fake_specs("calm", "stormy"),
+        60,
+        0.2,
+        start=lambda spec, timeout: FakeWorker(spec, timeout, log, times),
+    )
+    assert calm["remeasured"] and not calm["noisy"] and calm["time_ms"] == 10.0
+    assert stormy["remeasured"] and stormy["noisy"] and stormy["spread"] > 0.2
+    assert log[16:18] == ["calm", "stormy"]  # the retry is interleaved too
+    df = pd.DataFrame(
+        [
+            {**SPEC, **r, "attention": name, "seq_len": 64, "baseline": "calm", "hidden": 768}
+            for name, r in (("calm", calm), ("stormy", stormy))
+        ]
+    )
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(df))
+    text = console.export_text()
+    assert "~ = noisy" in text and f"{stormy['time_ms']:.1f}~" in text
+    time_rows = text.split("Time (ms")[1].splitlines()
+    assert [line for line in time_rows if "calm" in line and "~" not in line]
+    assert [line for line in time_rows if "stormy" in line and "10.0~" in line]
+
+
+def test_busy_hint_names_threads_when_load_exceeds_free_cores(monkeypatch):
+    monkeypatch.setattr("os.getloadavg", lambda: (7.5, 0.0, 0.0))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    hint = busy_hint(2)
+    assert hint is not None and "7.5" in hint and "threads=1" in hint
+    monkeypatch.setattr("os.getloadavg", lambda: (0.5, 0.0, 0.0))
+    assert busy_hint(1) is None
+
+
+def test_real_workers_measure_two_rows_interleaved():
+    specs = [
+        {**SPEC, "attention": {"name": name}, "seq_len": 128, "time_budget_s": 0.2}
+        for name in ("softmax", "softmax_naive")
+    ]
+    results = measure_interleaved(specs, 120, 0.5)
+    for result in results:
+        assert result["status"] == "ok" and result["time_ms"] > 0 and result["repeats"] == 2
+    assert results[1]["peak_mb"] > results[0]["peak_mb"]  # naive writes the n x n matrices
+
+
+def test_env_records_the_threads_and_device_used():
+    env = collect_env("auto", 1)
+    assert env["torch_threads"] == 1
+    assert env["device"] == ("cuda" if env["cuda_available"] else "cpu")

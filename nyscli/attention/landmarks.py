@@ -14,15 +14,12 @@ from torch import Tensor
 LANDMARK_METHODS = ("segment_means", "random", "kmeans")
 
 
-def segment_means_matrix(
-    n: int, m: int, key_padding_mask: Tensor | None, dtype: torch.dtype, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Averaging matrix P (B or 1, m, n) with landmarks = P @ x, and which landmarks exist.
+def segment_ids(n: int, m: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
+    """The landmark each token averages into: (B or 1, n) ids in 0..m-1, padded tokens m.
 
     The real tokens of each sequence, in order, are cut into m contiguous segments whose sizes
-    differ by at most one (any n, divisible or not). Padded tokens get weight zero, so they never
-    move a landmark. If a sequence has fewer than m real tokens, every token is its own segment
-    and the remaining landmarks are empty; the returned bool (B or 1, m) marks the non-empty ones.
+    differ by at most one (any n, divisible or not). If a sequence has fewer than m real tokens,
+    every token is its own segment and the remaining landmarks are empty.
     """
     if key_padding_mask is None:
         real = torch.ones(1, n, dtype=torch.bool, device=device)
@@ -31,10 +28,20 @@ def segment_means_matrix(
     rank = real.long().cumsum(dim=1) - 1  # (B, n): position among the real tokens
     n_real = real.long().sum(dim=1, keepdim=True).clamp_min(1)  # (B, 1)
     segment = torch.div(rank.clamp_min(0) * m, n_real, rounding_mode="floor")  # (B, n)
-    one_hot = torch.nn.functional.one_hot(segment, m).to(dtype) * real[..., None].to(dtype)
-    membership = one_hot.transpose(1, 2)  # (B, m, n)
-    counts = membership.sum(dim=-1, keepdim=True)  # (B, m, 1)
-    return membership / counts.clamp_min(1), counts[..., 0] > 0
+    return segment.masked_fill(~real, m)
+
+
+def shared_segment_means(x: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """(x', landmarks) for x: (B, H, n, d) with m dividing n: landmarks (B, H, m, d) are the
+    means of m equal segments and x' equals x, both views of one (B, H, m, n/m, d) tensor.
+
+    Using x' instead of x downstream matters in training: autograd then adds the landmarks'
+    gradient (a broadcast over each segment) straight onto x's other gradient, instead of
+    first copying it out to a (B, H, n, d) tensor, one full pass over n x d saved per input.
+    """
+    b, h, n, d = x.shape
+    segments = x.view(b, h, m, n // m, d)
+    return segments.view(b, h, n, d), segments.sum(dim=-2) / (n // m)
 
 
 def segment_means(
@@ -48,12 +55,18 @@ def segment_means(
     """
     b, h, n, d = x.shape
     if key_padding_mask is None and n % m == 0:
-        return x.reshape(b, h, m, n // m, d).sum(dim=-2) / (n // m), None
-    averaging, exists = segment_means_matrix(n, m, key_padding_mask, x.dtype, x.device)
-    landmarks = averaging[:, None] @ x  # (B or 1, 1, m, n) @ (B, H, n, d)
+        return shared_segment_means(x, m)[1], None
+    # Sums by scatter-add into m + 1 slots (the last collects the padded tokens, then is
+    # dropped): O(n d), where an (m x n) averaging matrix costs m times that in a matmul.
+    segment = segment_ids(n, m, key_padding_mask, x.device)  # (B or 1, n)
+    index = segment[:, None, :, None].expand(b, h, n, d)
+    sums = x.new_zeros(b, h, m + 1, d).scatter_add(2, index, x)[:, :, :m]
+    counts = torch.zeros(segment.shape[0], m + 1, dtype=x.dtype, device=x.device)
+    counts = counts.scatter_add(1, segment, torch.ones_like(segment, dtype=x.dtype))[:, :m]
+    landmarks = sums / counts[:, None, :, None].clamp_min(1)  # (B, H, m, d)
     if key_padding_mask is None:
         return landmarks, None
-    return landmarks, exists
+    return landmarks, counts > 0
 
 
 def random_tokens(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -12,11 +13,17 @@ from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.masking import zero_padded
 from nyscli.attention.registry import build_attention
 
+CHANNELS_LAST = torch.channels_last
+
 
 class ValueConvSkip(nn.Module):
     """Depthwise convolution of V along the sequence, one filter per head (Nyströmformer's skip).
 
     v: (B, H, n, d) -> (B, H, n, d). Padded tokens are zeroed first so they never leak in.
+    The filter (``conv.weight``, (H, 1, k, 1)) is run as a depthwise conv over the H*d channels
+    in channels-last layout: oneDNN's depthwise kernels vectorise over channels, and with only
+    the H channels of a per-head conv (H = 2 in LRA) most of each vector was padding, which made
+    the skip several times slower than the attention core in training.
     """
 
     def __init__(self, num_heads: int, kernel_size: int) -> None:
@@ -26,9 +33,15 @@ class ValueConvSkip(nn.Module):
 
     def forward(self, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         v = zero_padded(v, key_padding_mask)
+        b, h, n, d = v.shape
         left = (self.kernel_size - 1) // 2
-        right = self.kernel_size - 1 - left
-        return self.conv(F.pad(v, (0, 0, left, right)))
+        right = self.kernel_size - 1 - left  # = left, or left + 1 for an even kernel
+        # (B, H, n, d) -> (B, H*d, n, 1) stored as (B, n, H*d): channels last.
+        x = v.transpose(2, 3).reshape(b, h * d, n, 1).contiguous(memory_format=CHANNELS_LAST)
+        weight = self.conv.weight.repeat_interleave(d, dim=0)  # (H*d, 1, k, 1)
+        y = F.conv2d(x, weight, padding=(right, 0), groups=h * d)  # (B, H*d, n + right-left, 1)
+        y = y[:, :, right - left : right - left + n, 0]  # the window centred as today's
+        return y.unflatten(1, (h, d)).transpose(2, 3)  # (B, H, n, d), a view
 
 
 class MultiHeadAttention(nn.Module):

@@ -9,7 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nyscli.attention.errors import refuse_causal, require_choice, require_int
-from nyscli.attention.landmarks import LANDMARK_METHODS, select_landmarks
+from nyscli.attention.landmarks import (
+    LANDMARK_METHODS,
+    select_landmarks,
+    shared_segment_means,
+)
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
@@ -70,29 +74,37 @@ class NystromAttention(nn.Module):
             return exact_pinv(a)
         return iterative_pinv(a, self.pinv_iterations, self.pinv_init)
 
-    def landmarks_and_kernel(
+    def pick_landmarks(
         self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """Landmarks q~, k~ (B,H,m,d), which exist (B,m) or None, and A = softmax(q~ k~^T/√d).
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """(q, k, q~, k~, exists): landmarks q~, k~ (B,H,m,d) and which exist ((B,m) or None).
+
+        q and k come back with the same values; for unpadded segment means they are views of
+        the tensors the means were summed from (see ``shared_segment_means``), which spares
+        a copy per input in backward, so use the returned ones downstream.
+        """
+        m = self.num_landmarks
+        if self.landmarks == "segment_means" and key_padding_mask is None and q.shape[2] % m == 0:
+            q, q_land = shared_segment_means(q, m)
+            k, k_land = shared_segment_means(k, m)
+            return q, k, q_land, k_land, None
+        selected = select_landmarks(
+            q, k, m, key_padding_mask, self.landmarks, self.kmeans_iterations, self.seed
+        )
+        return q, k, *selected
+
+    def landmark_kernel(self, q_land: Tensor, k_land: Tensor, exists: Tensor | None) -> Tensor:
+        """A = softmax(q~ k~^T/√d): (B,H,m,m) from landmarks (B,H,m,d).
 
         Empty landmarks (fewer real tokens than m) get zero rows and columns in A, which the
         pseudo-inverse maps to zero, so they drop out of the product.
         """
-        q_land, k_land, exists = select_landmarks(
-            q,
-            k,
-            self.num_landmarks,
-            key_padding_mask,
-            self.landmarks,
-            self.kmeans_iterations,
-            self.seed,
-        )
         land_cols = None if exists is None else exists[:, None, None, :]
-        scores = q_land @ k_land.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = q_land @ k_land.transpose(-1, -2) / math.sqrt(q_land.shape[-1])
         a = masked_softmax(scores, land_cols)
         if exists is not None:
             a = a * exists[:, None, :, None].to(a.dtype)
-        return q_land, k_land, exists, a
+        return a
 
     def kernels(
         self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None
@@ -100,7 +112,8 @@ class NystromAttention(nn.Module):
         """The three softmax kernels F (B,H,n,m), A (B,H,m,m), Bk (B,H,m,n) of the paper,
         written out (for analysis; ``forward`` never forms F or Bk)."""
         scale = 1.0 / math.sqrt(q.shape[-1])
-        q_land, k_land, exists, a = self.landmarks_and_kernel(q, k, key_padding_mask)
+        q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
+        a = self.landmark_kernel(q_land, k_land, exists)
         land_cols = None if exists is None else exists[:, None, None, :]
         land_rows = 1.0 if exists is None else exists[:, None, :, None].to(q.dtype)
         token_cols = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
@@ -113,24 +126,67 @@ class NystromAttention(nn.Module):
     ) -> Tensor:
         """q, k, v: (B, H, n, d); key_padding_mask: (B, n), True = real token -> (B, H, n, d).
 
-        F (pinv(A) (Bk V)) is computed as two fused attentions, Bk V = SDPA(q~, k, v) and
-        F W = SDPA(q, k~, W): the n x m and m x n kernels are never stored, so memory beyond
-        the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
+        A sequence with at most m real tokens gets exact attention: every real token would be
+        its own landmark, where Nyström equals softmax attention (Lemma 2) but the iterative
+        pseudo-inverse leaves a few % of error. Deciding from the real tokens, not the padded
+        length, means padding a batch never changes a sequence's output.
         """
         check_qkv(q, k, v, key_padding_mask)
         if self.num_landmarks >= q.shape[2]:
             return self.exact(q, k, v, key_padding_mask)
-        q_land, k_land, exists, a = self.landmarks_and_kernel(q, k, key_padding_mask)
-        token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
-        bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
+        if key_padding_mask is None:
+            return self.approximate(q, k, v, None)
+        short = key_padding_mask.sum(dim=1) <= self.num_landmarks  # (B,)
+        if not short.any():
+            return self.approximate(q, k, v, key_padding_mask)
+        if short.all():
+            return self.exact(q, k, v, key_padding_mask)
+        long = ~short
+        approx = self.approximate(q[long], k[long], v[long], key_padding_mask[long])
+        exact = self.exact(q[short], k[short], v[short], key_padding_mask[short])
+        out = approx.new_empty((q.shape[0], *approx.shape[1:]))
+        out[long] = approx
+        out[short] = exact.to(out.dtype)
+        return out
+
+    def approximate(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        """The Nyström product for q, k, v: (B, H, n, d) -> (B, H, n, d), whatever the lengths.
+
+        F (pinv(A) (Bk V)) is computed as two fused attentions, Bk V = SDPA(q~, k, v) and
+        F W = SDPA(q, k~, W): the n x m and m x n kernels are never stored, so memory beyond
+        the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
+        """
+        q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
+        w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
         land_keep = None
         if exists is not None:
-            bv = bv * exists[:, None, :, None].to(bv.dtype)
             # A sequence with no landmark at all would get an all-masked row (NaN); its W is
             # zero, so letting it attend to the empty landmarks gives the right zeros.
             land_keep = (exists | ~exists.any(dim=1, keepdim=True))[:, None, None, :]
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
+
+    def landmark_values(
+        self,
+        q_land: Tensor,
+        k_land: Tensor,
+        exists: Tensor | None,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+    ) -> Tensor:
+        """W = pinv(A) (Bk V): (B, H, m, d), the values the queries attend to over k~.
+
+        Its own function so that A, pinv(A) and Bk V are freed before the last attention runs:
+        the forward's peak stays at the output plus O(m d).
+        """
+        a = self.landmark_kernel(q_land, k_land, exists)
+        token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
+        if exists is not None:
+            bv = bv * exists[:, None, :, None].to(bv.dtype)
+        with torch.autocast(device_type=q_land.device.type, enabled=False):
             # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
             z = self.pseudo_inverse(a)
-            w = (z @ bv.to(z.dtype)).to(v.dtype)  # (B, H, m, d)
-        return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
+            return (z @ bv.to(z.dtype)).to(v.dtype)

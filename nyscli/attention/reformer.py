@@ -23,8 +23,13 @@ def _take_rows(x: Tensor, index: Tensor) -> Tensor:
 
 
 def _angular_hash(x: Tensor, rotations: Tensor) -> Tensor:
-    """Bucket ids (B, H, R, n) = argmax over [xW, -xW] for x: (B, H, n, d), W: (H, d, R, k)."""
-    rotated = torch.einsum("bhnd,hdrk->bhrnk", x.detach().float(), rotations)
+    """Bucket ids (B, H, R, n) = argmax over [xW, -xW] for x: (B, H, n, d), W: (H, d, R, k).
+
+    In float32 with autocast off: under bf16 autocast the rotation's rounding flips near-ties of
+    the argmax, so the buckets (and the output) would depend on the precision setting.
+    """
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        rotated = torch.einsum("bhnd,hdrk->bhrnk", x.detach().float(), rotations)
     # argmax over [xW, -xW] without building it: the largest |xW|, shifted by k if negative.
     best = rotated.abs().argmax(dim=-1, keepdim=True)
     negative = rotated.gather(-1, best) < 0

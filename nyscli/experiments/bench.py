@@ -2,15 +2,15 @@
 
 The paper's Table 1 protocol: one input instance through one self-attention module (default
 BERT-base sized), every (attention, n) point measured in a fresh process (see
-``bench_worker``), out-of-memory and over-time points marked while the run goes on.
+``bench_worker``), the rows of one n timed interleaved with noisy points retried and marked
+(see ``bench_rounds``), out-of-memory and over-time points marked while the run goes on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,14 @@ from rich.text import Text
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.bench_worker import DTYPES, RESULT_PREFIX
+from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
+from nyscli.experiments.bench_worker import DTYPES
 from nyscli.report.paper import table1_rows
 from nyscli.report.plots import loglog_panels
 
 log = logging.getLogger(__name__)
 
-SCOPES = ("module", "core")
+SCOPES = ("module", "core", "projections")
 MODES = ("forward", "train")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -52,6 +53,7 @@ RULES: dict[str, schema.Rule] = {
     "min_repeats": schema.COUNT,
     "time_budget_s": schema.Float(low=0.0, low_open=True),
     "timeout_s": schema.Float(low=0.0, low_open=True),
+    "noise_threshold": schema.Float(low=0.0, low_open=True),
     "memory_limit_mb": schema.Float(low=0.0, low_open=True, null=True),
     "threads": schema.THREADS,
     "seed": schema.SEED,
@@ -152,24 +154,10 @@ def memory_limit_mb(cfg: DictConfig) -> float | None:
     return None
 
 
-def run_point(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Measure one point in a fresh interpreter; map a crash or timeout to a row status."""
-    command = [sys.executable, "-m", "nyscli.experiments.bench_worker", json.dumps(spec)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"over timeout_s={timeout_s}"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    if done.returncode < 0:  # killed by a signal: on Linux almost always the OOM killer
-        return {"status": "oom", "error": f"worker killed by signal {-done.returncode}"}
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": "error", "error": last[:300]}
-
-
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     device = resolve_device(cfg.device)
+    if cfg.threads:  # the workers use it; set here too so env.json and the table agree
+        torch.set_num_threads(int(cfg.threads))
     rows = attention_rows(cfg, include_selected=user_selected_attention())
     seq_lens = sorted(set(cfg.seq_lens))
     common = {
@@ -185,10 +173,13 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "min_repeats": cfg.min_repeats,
         "time_budget_s": cfg.time_budget_s,
         "seed": cfg.seed,
-        "threads": cfg.threads,
+        "threads": int(cfg.threads or torch.get_num_threads()),
         "memory_limit_mb": memory_limit_mb(cfg),
     }
     records: list[dict[str, Any]] = []
+    hint = busy_hint(int(cfg.threads or torch.get_num_threads()))
+    if hint:
+        log.warning(hint)
     # A row that ran out of memory or time at some n is not retried at larger n.
     stopped: dict[str, str] = {}
     progress = Progress(
@@ -199,16 +190,25 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         console=console,
         transient=True,
     )
+    labels = [row_label(row) for row in rows]
     with progress:
         task = progress.add_task("", total=len(rows) * len(seq_lens))
         for n in seq_lens:
-            for row in rows:
-                label = row_label(row)
-                progress.update(task, description=f"{label} n={n}")
-                if label in stopped:
-                    result = {"status": "skipped", "error": f"{stopped[label]} at a smaller n"}
-                else:
-                    result = run_point({**common, "attention": row, "seq_len": n}, cfg.timeout_s)
+            live = [i for i, label in enumerate(labels) if label not in stopped]
+            progress.update(task, description=f"n={n}: warm-up and memory")
+            load = os.getloadavg()[0]
+            measured = measure_interleaved(
+                [{**common, "attention": rows[i], "seq_len": n} for i in live],
+                cfg.timeout_s,
+                cfg.noise_threshold,
+                lambda r, total, n=n: progress.update(task, description=f"n={n} round {r}/{total}"),
+            )
+            results = dict(zip(live, measured, strict=True))
+            for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
+                result = results.get(i) or {
+                    "status": "skipped",
+                    "error": f"{stopped.get(label)} at a smaller n",
+                }
                 if result["status"] in ("oom", "timeout"):
                     stopped[label] = result["status"]
                 log.info("%s n=%d: %s", label, n, _describe(result))
@@ -220,10 +220,14 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                         "baseline": cfg.baseline,
                         **{k: v for k, v in common.items() if k != "memory_limit_mb"},
                         "attention_config": json.dumps(row, sort_keys=True),
+                        "load_avg": load,
                         "time_ms": None,
                         "time_ms_min": None,
                         "time_ms_iqr": None,
                         "repeats": None,
+                        "spread": None,
+                        "remeasured": None,
+                        "noisy": None,
                         "peak_mb": None,
                         "error": None,
                         **result,
@@ -238,7 +242,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def _describe(result: dict[str, Any]) -> str:
     if result["status"] != "ok":
         return f"{result['status']} ({result.get('error', '')})"
-    return f"{result['time_ms']:.2f} ms (median of {result['repeats']}), {result['peak_mb']:.1f} MB"
+    noisy = ", NOISY" if result.get("noisy") else ""
+    return (
+        f"{result['time_ms']:.2f} ms (median of {result['repeats']}, IQR/median "
+        f"{result['spread']:.2f}{noisy}), {result['peak_mb']:.1f} MB"
+    )
 
 
 def plot(df: pd.DataFrame, path: Path, cfg: DictConfig) -> None:
@@ -284,11 +292,14 @@ def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> T
                 cells.append("")
             elif point.status != "ok":
                 cells.append(f"[red]{point.status.upper()}[/]")
-            elif n in base and base[n] > 0 and row != baseline:
-                value = getattr(point, column)
-                cells.append(f"{_fmt(value)} [dim]({value / base[n]:.3g}×)[/]")
             else:
-                cells.append(_fmt(getattr(point, column)))
+                value = getattr(point, column)
+                text = _fmt(value)
+                if column == "time_ms" and getattr(point, "noisy", False) is True:
+                    text += "[yellow]~[/]"
+                if n in base and base[n] > 0 and row != baseline:
+                    text += f" [dim]({value / base[n]:.3g}×)[/]"
+                cells.append(text)
         table.add_row(escape(str(row)), *cells)  # labels are data: "[...]" is no markup
     for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
         table.add_row(name, *paper_cells, style="dim")
@@ -302,6 +313,8 @@ def render(df: pd.DataFrame) -> RenderableType:
     jobs = df["job"].fillna("") if "job" in df else pd.Series("", index=df.index)
     df["row"] = [f"{a} [{j}]" if j else a for a, j in zip(df.attention, jobs, strict=True)]
     matches = [r for r in df.row.unique() if r.split(" [")[0] == baseline]
+    if not matches and "method" in df:  # baseline=softmax names the row "softmax (SDPA)"
+        matches = list(df.row[df.method == baseline].unique())
     base_row = matches[0] if len(matches) == 1 else None
     context = df.iloc[0]
     caption = (
@@ -312,6 +325,8 @@ def render(df: pd.DataFrame) -> RenderableType:
         caption += f", {int(context['threads'])} thread(s)"
     if base_row:
         caption += f"; (×) = value / {base_row}'s at the same n"
+    if "noisy" in df and (df["noisy"] == True).any():  # noqa: E712  (NaN for failed points)
+        caption += "; ~ = noisy: IQR/median of its times still above noise_threshold after a retry"
     return Group(
         Text(caption, style="italic"),
         _table(df, "peak_mb", "Peak memory (MB)", base_row),

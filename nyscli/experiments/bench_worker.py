@@ -1,8 +1,12 @@
 """Measure one grid point of ``nys bench`` (one attention, one n) in a fresh process.
 
-Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``; prints one line
-``NYS_RESULT {json}``. A fresh process per point keeps the CPU peak-RSS reading honest and
-keeps an out-of-memory at one point from ending the whole benchmark.
+Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``: the worker warms up,
+measures the peak memory of one call, prints ``NYS_READY {json}`` and then times one call for
+every ``time`` line on its stdin (``NYS_TIME <ms>``), until any other line or end of input.
+A failure is one line ``NYS_RESULT {json}`` with its status (oom/error). ``nys bench`` keeps
+one worker per attention alive and asks them in turn, so every row of one n is timed
+interleaved, under the same machine load. A fresh process per point keeps the CPU peak-RSS
+reading honest and keeps an out-of-memory at one point from ending the whole benchmark.
 """
 
 from __future__ import annotations
@@ -23,21 +27,36 @@ from nyscli.experiments.timing import time_call_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULT_PREFIX = "NYS_RESULT "
+READY_PREFIX = "NYS_READY "
+TIME_PREFIX = "NYS_TIME "
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+class ValuesOnly(torch.nn.Module):
+    """A stand-in core that returns v: (B, H, n, d) as it is."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return v
 
 
 def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], object]:
     """The function timed at this point: one forward (or forward + backward) on random input.
 
     scope "module": x (B, n, hidden) through MultiHeadAttention (projections included).
+    scope "projections": the same module with the core replaced by ``ValuesOnly``: what the
+    module costs around its core (projections, head split/merge, conv skip), its floor.
     scope "core": q, k, v (B, H, n, hidden/H) through the attention core only.
     """
     torch.manual_seed(spec["seed"])
     b, n, hidden, heads = spec["batch_size"], spec["seq_len"], spec["hidden"], spec["num_heads"]
     train = spec["mode"] == "train"
     dtype = DTYPES[spec["dtype"]]
-    if spec["scope"] == "module":
+    if spec["scope"] in ("module", "projections"):
         model = MultiHeadAttention(hidden, heads, spec["attention"]).to(device)
+        if spec["scope"] == "projections":
+            model.core = ValuesOnly()
         inputs = [torch.randn(b, n, hidden, device=device, requires_grad=train)]
     else:
         model = build_attention(spec["attention"]).to(device)
@@ -63,29 +82,38 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
     return forward_backward if train else inference
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Median time over repeats after warm-up, and the peak memory of one call."""
+def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, float, float]:
+    """Build the call, warm up, and measure the first call: (call, device, peak MB, its ms)."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
     for _ in range(max(1, spec["warmup"])):
         call()
-    # The first measured call also gives the memory peak; its time is a sample like the rest.
     times: list[float] = []
     memory = peak_mb(lambda: times.append(time_call_ms(call, device)), device)
-    budget_repeats = int(spec["time_budget_s"] * 1000.0 / max(times[0], 1e-3))
-    repeats = max(spec["min_repeats"], min(spec["repeats"], budget_repeats))
-    times += [time_call_ms(call, device) for _ in range(repeats - 1)]
+    return call, device, memory, times[0]
+
+
+def summarize(times: list[float]) -> dict[str, Any]:
+    """Median, minimum and interquartile range of timed calls (ms)."""
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     return {
-        "status": "ok",
         "time_ms": statistics.median(times),
         "time_ms_min": min(times),
         "time_ms_iqr": quartiles[2] - quartiles[0],
         "repeats": len(times),
-        "peak_mb": memory,
     }
+
+
+def serve(spec: dict[str, Any]) -> None:
+    """Prepare, report ``NYS_READY``, then time one call per ``time`` line on stdin."""
+    call, device, memory, first = prepare(spec)
+    print(READY_PREFIX + json.dumps({"peak_mb": memory, "first_ms": first}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "time":
+            break
+        print(f"{TIME_PREFIX}{time_call_ms(call, device)!r}", flush=True)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -108,11 +136,11 @@ def main() -> None:
     if spec["device"] == "cpu":
         limit_address_space(spec.get("memory_limit_mb"))
     try:
-        result = measure(spec)
+        serve(spec)
     except Exception as error:  # one point failing must not end the benchmark
         status = "oom" if is_oom(error) else "error"
         result = {"status": status, "error": " ".join(str(error).split())[:300]}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

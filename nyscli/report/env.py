@@ -45,8 +45,14 @@ def git_commit() -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
-def collect_env(device: str = "cpu") -> dict[str, Any]:
-    """torch version, device, CPU/GPU model, threads, git commit, Python and platform."""
+def collect_env(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
+    """torch version, device, CPU/GPU model, threads, git commit, Python and platform.
+
+    ``device="auto"`` is recorded as the device it resolves to; ``threads`` (a run's
+    ``threads`` setting) is recorded instead of this process's torch default when given.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     info: dict[str, Any] = {
         "torch": torch.__version__,
         "python": sys.version.split()[0],
@@ -54,7 +60,7 @@ def collect_env(device: str = "cpu") -> dict[str, Any]:
         "device": device,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": int(threads) if threads else torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
         "git_commit": git_commit(),
     }

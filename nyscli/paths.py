@@ -1,0 +1,10 @@
+"""Where the Hydra configs live; no heavy imports, so ``nys --help`` and completion stay fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The configs ship inside the package (nyscli/conf), so a wheel works from any directory:
+# Hydra reads them as a package resource (CONF_SOURCE); CONF_DIR is the same folder on disk.
+CONF_SOURCE = "pkg://nyscli.conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
