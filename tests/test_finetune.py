@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.bridge import CONF_DIR
+from nyscli.paths import CONF_DIR
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune import render, schedule, validate
 from nyscli.experiments.finetune_model import scratch_tokenizer, starting_point

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.bridge import CONF_DIR
+from nyscli.paths import CONF_DIR
 from nyscli.data import image, retrieval
 from nyscli.data.common import DataError, RaggedSequences, SequenceClassificationDataset, TaskData
 from nyscli.data.text import SHARED_IMDB, default_imdb_source

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.bridge import CONF_DIR
+from nyscli.paths import CONF_DIR
 from nyscli.data import corpus as corpus_module
 from nyscli.data.common import DataError
 from nyscli.errors import UserInputError
