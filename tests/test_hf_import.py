@@ -236,6 +236,7 @@ def test_import_finetune_then_evaluate_only_with_other_attentions(run_nys, tmp_p
     assert rows.loc["nystrom-64", "accuracy"] == pytest.approx(best)
     assert rows.loc["nystrom-2", "budget"] == 2 and rows["majority_rate"].nunique() == 1
     out = tmp_path / "deploy" / "deploy.csv"
+    out.parent.mkdir()  # nys report refuses an --out in a folder that does not exist
     report = run_nys("report", *map(str, sweeps), "--out", str(out))
     assert report.returncode == 0, report.stderr[-2000:]
     assert "Direct deployment" in report.stdout
