@@ -43,7 +43,7 @@ from nyscli.attention import AttentionConfigError
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
-from nyscli.paths import CONF_SOURCE
+from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
 from nyscli.report.console import console
 from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
@@ -53,7 +53,6 @@ from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
-OUTPUT_ROOT = "outputs"
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
 BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)

@@ -92,7 +92,7 @@ def lra_attention_and_pooling(*overrides: str) -> tuple[dict, str]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from nyscli.bridge import CONF_DIR
+    from nyscli.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("lra", overrides=list(overrides))

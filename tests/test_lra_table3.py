@@ -11,12 +11,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.bridge import CONF_DIR
 from nyscli.data import image, retrieval
 from nyscli.data.common import DataError, RaggedSequences, SequenceClassificationDataset, TaskData
 from nyscli.data.text import SHARED_IMDB, default_imdb_source
 from nyscli.experiments import lra_table
 from nyscli.experiments.lra_tasks import trivial_baseline
+from nyscli.paths import CONF_DIR
 
 # ------------------------------------------------------------------ retrieval substitute
 

@@ -14,7 +14,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from nyscli.bridge import CONF_DIR
 from nyscli.data import corpus as corpus_module
 from nyscli.data.common import DataError
 from nyscli.errors import UserInputError
@@ -29,6 +28,7 @@ from nyscli.experiments.pretrain_objectives import (
 )
 from nyscli.models.bert import BertConfig, BertForPretraining
 from nyscli.models.pretrained import load_pretrained
+from nyscli.paths import CONF_DIR
 from nyscli.train import BEST, load_checkpoint
 from tests.test_pretrain_data import write_corpus
 

@@ -13,10 +13,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention
-from nyscli.bridge import OUTPUT_ROOT
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
 from nyscli.train.resume import ResumePlan, plan_resume
 
