@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from nyscli.data.common import atomic_writer
+from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.report.files import write_json
