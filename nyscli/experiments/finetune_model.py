@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from nyscli.errors import UserInputError
-from nyscli.experiments.pretrain import bert_config
+from nyscli.experiments.training import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
 from nyscli.models.hf_import import (
