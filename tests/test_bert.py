@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nyscli.checkpoints.pretrained import load_pretrained, save_pretrained
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder, BertForPretraining
-from nyscli.models.pretrained import load_pretrained, save_pretrained
 from nyscli.text import WordPieceTokenizer
 
 TEXTS = [

@@ -28,6 +28,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from nyscli.attention import attention_label
+from nyscli.checkpoints.capture import names_attention
+from nyscli.checkpoints.hf_import import is_checkpoint_spec
+from nyscli.checkpoints.pretrained import resolve_pretrained
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
@@ -71,9 +74,6 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.models.checkpoints import names_attention
-from nyscli.models.hf_import import is_checkpoint_spec
-from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
 from nyscli.report.paper import TABLE2
 from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table

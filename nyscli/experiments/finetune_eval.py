@@ -26,6 +26,7 @@ from rich.table import Table
 from torch.utils.data import Subset
 
 from nyscli.attention import attention_label
+from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune_model import (
@@ -43,7 +44,6 @@ from nyscli.experiments.finetune_tasks import (
 )
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.models.checkpoints import names_attention
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (

@@ -23,6 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, RenderableType
 
 from nyscli.attention import attention_label
+from nyscli.checkpoints.hf_import import (
+    ImportedBert,
+    check_checkpoint_spec,
+    import_bert,
+    is_checkpoint_spec,
+)
+from nyscli.checkpoints.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
@@ -47,13 +54,6 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert import BertForPretraining
-from nyscli.models.hf_import import (
-    ImportedBert,
-    check_checkpoint_spec,
-    import_bert,
-    is_checkpoint_spec,
-)
-from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
