@@ -22,7 +22,7 @@ from nyscli.experiments.finetune_tasks import ClassificationObjective, load_exam
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.models.bert_classifier import BertClassifier, extend_positions, tiled_rows
 from nyscli.paths import CONF_DIR
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 WORDS = [
     "good",

@@ -16,8 +16,8 @@ from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.report.files import write_json
-from nyscli.text.tokenizer import FILE_NAME as TOKENIZER_FILE
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import FILE_NAME as TOKENIZER_FILE
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 from nyscli.train.checkpoint import shape_mismatch
 
 PRETRAINED_DIR = "pretrained"

