@@ -39,11 +39,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from rich.markup import escape
 
+from nyscli import ranks
 from nyscli.attention import AttentionConfigError
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.experiments.summary import write_summary
-from nyscli.paths import CONF_SOURCE
+from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
 from nyscli.report.console import console
 from nyscli.report.env import collect_env
 from nyscli.report.files import write_csv, write_json, write_text
@@ -53,7 +54,6 @@ from nyscli.train.errors import TrainingInterrupted
 
 log = logging.getLogger("nys")
 
-OUTPUT_ROOT = "outputs"
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
 BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)
@@ -269,7 +269,7 @@ class Task:
         run_dir = Path(hydra_cfg.runtime.output_dir)
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         module = experiment_module(command)
-        main = distributed.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
+        main = ranks.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
             env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"))
             try:
@@ -281,7 +281,7 @@ class Task:
         nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))
         try:
             module.validate(cfg)
-            df = distributed.run_on_ranks(module.run, cfg, run_dir, console, nproc)
+            df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except (*USER_ERRORS, OSError) as error:
             message = fault_line(error)
             with contextlib.suppress(OSError):  # the disk may be the very thing that failed
@@ -384,7 +384,7 @@ def launch(command: str, arguments: list[str]) -> int:
                 if world is None or world.size < 2:
                     fresh = check_new_folder(key, target)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
-            shared = None if given else distributed.shared_run_name()
+            shared = None if given else ranks.shared_run_name()
             if not given:
                 root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
                 name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")

@@ -1,4 +1,7 @@
-"""Where the Hydra configs live; no heavy imports, so ``nys --help`` and completion stay fast."""
+"""Where the Hydra configs live and where runs are written.
+
+No heavy imports, so ``nys --help`` and completion stay fast.
+"""
 
 from __future__ import annotations
 
@@ -8,3 +11,6 @@ from pathlib import Path
 # Hydra reads them as a package resource (CONF_SOURCE); CONF_DIR is the same folder on disk.
 CONF_SOURCE = "pkg://nyscli.conf"
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+# Run folders land under the current directory's outputs/<command>/.
+OUTPUT_ROOT = "outputs"

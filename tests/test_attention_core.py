@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
+from nyscli.attention import (
+    AttentionConfigError,
+    MultiHeadAttention,
+    attention_label,
+    available,
+    build_attention,
+)
 from nyscli.attention.landmarks import segment_means
 from nyscli.attention.multihead import ValueConvSkip
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
@@ -337,3 +343,18 @@ def test_head_groups_give_the_same_result_as_one_call():
     grouped = in_head_groups(core._attend, q, k, v, keep, elements_per_head=70 * 20, budget=1)
     torch.testing.assert_close(grouped, whole, rtol=0, atol=0)
     torch.testing.assert_close(core(q, k, v, keep), whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"name": name, **extra}
+        for name in available()
+        for extra in ({}, {"conv_kernel_size": 33})
+    ]
+    + [{"name": "nystrom", "num_landmarks": 8, "landmarks": "kmeans"}],
+)
+def test_attention_label_matches_built_core(config: dict) -> None:
+    label = build_attention(config).label()
+    kernel = config.get("conv_kernel_size")
+    assert attention_label(config) == (f"{label}+conv{kernel}" if kernel else label)

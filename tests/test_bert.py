@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nyscli.checkpoints.pretrained import load_pretrained, save_pretrained
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder, BertForPretraining
-from nyscli.models.pretrained import load_pretrained, save_pretrained
-from nyscli.text import WordPieceTokenizer
+from nyscli.tokenizers import WordPieceTokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from nyscli.atomic import atomic_writer
 from nyscli.data import common, image, retrieval, text
 from nyscli.data.common import DataError
 
@@ -23,10 +24,10 @@ from nyscli.data.common import DataError
 
 def test_atomic_writer_and_keyed_cache(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "f.bin"
-    with common.atomic_writer(target) as f:
+    with atomic_writer(target) as f:
         f.write(b"abc")
     assert target.read_bytes() == b"abc"
-    with pytest.raises(RuntimeError), common.atomic_writer(target) as f:
+    with pytest.raises(RuntimeError), atomic_writer(target) as f:
         f.write(b"half")
         raise RuntimeError("crash")
     assert target.read_bytes() == b"abc"  # untouched, and no temp file left

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
+from nyscli.checkpoints.hf_import import import_bert
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertForPretraining, with_attention
-from nyscli.models.hf_import import import_bert
 
 WORDS = [
     "good",

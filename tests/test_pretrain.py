@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from nyscli.checkpoints.pretrained import load_pretrained
 from nyscli.data import corpus as corpus_module
 from nyscli.data.common import DataError
 from nyscli.errors import UserInputError
@@ -27,7 +28,6 @@ from nyscli.experiments.pretrain_objectives import (
     pretraining_objective,
 )
 from nyscli.models.bert import BertConfig, BertForPretraining
-from nyscli.models.pretrained import load_pretrained
 from nyscli.paths import CONF_DIR
 from nyscli.train import BEST, load_checkpoint
 from tests.test_pretrain_data import write_corpus

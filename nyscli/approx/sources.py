@@ -211,7 +211,7 @@ def checkpoint(spec: str, text: str, max_tokens: int, max_sequences: int) -> lis
     A forward pre-hook on each block's attention core captures exactly what the core reads,
     while the model (with the attention it was trained with) reads ``text`` with real padding.
     """
-    from nyscli.models.checkpoints import load_encoder
+    from nyscli.checkpoints.capture import load_encoder
 
     encoder, tokenizer = load_encoder(spec)
     limit = encoder.config.max_len

@@ -16,9 +16,10 @@ from nyscli.attention import (  # noqa: F401  (registers the cores)
 )
 from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.multihead import MultiHeadAttention
-from nyscli.attention.registry import available, build_attention, core_class
+from nyscli.attention.registry import attention_label, available, build_attention, core_class
 
 __all__ = [
+    "attention_label",
     "AttentionConfigError",
     "MultiHeadAttention",
     "available",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from torch import nn
@@ -45,8 +46,8 @@ def core_class(name: str) -> type[nn.Module]:
     return _REGISTRY[name]
 
 
-def build_attention(config: Mapping[str, Any]) -> nn.Module:
-    """Build the core described by ``config`` (``name`` plus the core's keyword arguments).
+def core_options(config: Mapping[str, Any]) -> tuple[type[nn.Module], dict[str, Any]]:
+    """The core class ``config`` names and the keyword arguments it gives that class.
 
     Keys that belong to the multi-head wrapper (``conv_kernel_size``) are ignored here.
     Unknown keys are an error naming the keys the core accepts.
@@ -64,4 +65,22 @@ def build_attention(config: Mapping[str, Any]) -> nn.Module:
             f"attention '{config['name']}' has no option {', '.join(unknown)}; "
             f"allowed: {', '.join(accepted + sorted(WRAPPER_KEYS - {'name'}))}"
         )
+    return cls, kwargs
+
+
+def build_attention(config: Mapping[str, Any]) -> nn.Module:
+    """Build the core described by ``config`` (``name`` plus the core's keyword arguments)."""
+    cls, kwargs = core_options(config)
     return cls(**kwargs)
+
+
+def attention_label(config: Mapping[str, Any]) -> str:
+    """The core's ``label()`` for ``config`` (``+conv<k>`` when the wrapper adds a conv skip),
+    read from the options and the class defaults without building the core (no weights, no
+    random draws just for a table row)."""
+    cls, kwargs = core_options(config)
+    options = inspect.signature(cls).bind(**kwargs)
+    options.apply_defaults()
+    label = cls.label(SimpleNamespace(**options.arguments))
+    kernel = config.get("conv_kernel_size") or 0
+    return f"{label}+conv{kernel}" if kernel else label

@@ -20,18 +20,18 @@ import json
 import os
 import pickle
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from nyscli.errors import UserInputError, naming
+from nyscli.atomic import atomic_writer
+from nyscli.errors import UserInputError
 
 PAD_ID = 0
 BYTE_OFFSET = 1
@@ -162,30 +162,6 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
     with bar:
         task = bar.add_task(description, total=total)
         yield lambda k: bar.advance(task, k)
-
-
-@contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temp file next to ``path``; on success ``os.replace`` it onto ``path``.
-
-    Readers (and a crashed or concurrent writer) therefore never see a half-written file:
-    the cache logic trusts "file exists" to mean "file is complete".
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-        os.replace(tmp, path)
-    except OSError as error:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise naming(error, path) from None
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def atomic_save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:

@@ -51,6 +51,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from nyscli.atomic import atomic_writer
 from nyscli.data.common import (
     SPLITS,
     ClassificationCollate,
@@ -59,7 +60,6 @@ from nyscli.data.common import (
     RaggedSequences,
     SequenceClassificationDataset,
     TaskData,
-    atomic_writer,
     ensure_generated,
     reading,
     require_file,

@@ -22,7 +22,7 @@ from nyscli.data.common import RaggedSequences, pad_batch
 
 if TYPE_CHECKING:
     from nyscli.data.glue import TextExamples
-    from nyscli.text.tokenizer import WordPieceTokenizer
+    from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 
 def truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:

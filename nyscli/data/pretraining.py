@@ -34,7 +34,7 @@ from nyscli.data.common import (
     reading,
 )
 from nyscli.data.corpus import Corpus, document_sentences, read_corpus, split_documents
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 TOKENIZER_KINDS = ("wordpiece", "vocab_file", "bert_base_uncased")
 SPECIAL_SLOTS = 3  # [CLS] A [SEP] B [SEP]

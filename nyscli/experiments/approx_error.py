@@ -25,10 +25,11 @@ from nyscli.approx.metrics import METRIC_LABELS
 from nyscli.approx.sample_text import SAMPLE_TEXT
 from nyscli.approx.summary import summarise
 from nyscli.attention import AttentionConfigError, available, build_attention
+from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.models.hf_import import check_checkpoint_spec, is_checkpoint_spec
+from nyscli.train.resources import resolve_device
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 SYNTHETIC_SEQ_LEN = 4096
@@ -78,12 +79,6 @@ def seq_len(cfg: DictConfig) -> int:
         return int(cfg.seq_len)
     real = cfg.source in ("minilm", "checkpoint")
     return sources.MINILM_MAX_TOKENS if real else SYNTHETIC_SEQ_LEN
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def validate(cfg: DictConfig) -> None:

@@ -23,19 +23,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention, build_attention
+from nyscli.attention import AttentionConfigError, MultiHeadAttention, attention_label
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
 from nyscli.experiments.bench_worker import DTYPES
 from nyscli.report.paper import table1_rows
 from nyscli.report.plots import loglog_panels
+from nyscli.train.resources import DEVICES, resolve_device
 
 log = logging.getLogger(__name__)
 
 SCOPES = ("module", "core", "projections")
 MODES = ("forward", "train")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 RULES: dict[str, schema.Rule] = {
@@ -87,24 +87,8 @@ def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, An
         rows.append(OmegaConf.to_container(cfg.attention, resolve=True))
     unique: dict[str, dict[str, Any]] = {}
     for row in rows:
-        unique.setdefault(row_label(row), row)
+        unique.setdefault(attention_label(row), row)
     return list(unique.values())
-
-
-def row_label(attention: dict[str, Any]) -> str:
-    label = build_attention(attention).label()
-    kernel = attention.get("conv_kernel_size") or 0
-    return f"{label}+conv{kernel}" if kernel else label
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(
-            "device=cuda is not allowed here: no CUDA device is available; use cpu or auto"
-        )
-    return name
 
 
 def validate(cfg: DictConfig) -> None:
@@ -114,7 +98,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"min_repeats={cfg.min_repeats} is not allowed; it must be <= repeats={cfg.repeats}"
         )
-    resolve_device(cfg.device)
+    resolve_device(str(cfg.device))
     if cfg.hidden % cfg.num_heads:
         raise UserInputError(f"hidden={cfg.hidden} is not divisible by num_heads={cfg.num_heads}")
     selected = user_selected_attention()
@@ -133,7 +117,7 @@ def validate(cfg: DictConfig) -> None:
             MultiHeadAttention(8 * cfg.num_heads, cfg.num_heads, row)
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from error
-    labels = [row_label(row) for row in rows]
+    labels = [attention_label(row) for row in rows]
     if cfg.baseline is not None and cfg.baseline not in labels and user_set("baseline"):
         raise UserInputError(
             f"baseline={cfg.baseline} is not allowed; it must be a measured row: "
@@ -155,7 +139,7 @@ def memory_limit_mb(cfg: DictConfig) -> float | None:
 
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
-    device = resolve_device(cfg.device)
+    device = str(resolve_device(str(cfg.device)))
     if cfg.threads:  # the workers use it; set here too so env.json and the table agree
         torch.set_num_threads(int(cfg.threads))
     rows = attention_rows(cfg, include_selected=user_selected_attention())
@@ -190,7 +174,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         console=console,
         transient=True,
     )
-    labels = [row_label(row) for row in rows]
+    labels = [attention_label(row) for row in rows]
     with progress:
         task = progress.add_task("", total=len(rows) * len(seq_lens))
         for n in seq_lens:

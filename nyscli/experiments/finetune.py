@@ -27,11 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli.attention import attention_label
+from nyscli.checkpoints.capture import names_attention
+from nyscli.checkpoints.hf_import import is_checkpoint_spec
+from nyscli.checkpoints.pretrained import resolve_pretrained
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.bench import row_label
 from nyscli.experiments.finetune_eval import (
     DEPLOYMENT_PLOT,
     by_length,
@@ -71,9 +74,6 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.models.checkpoints import names_attention
-from nyscli.models.hf_import import is_checkpoint_spec
-from nyscli.models.pretrained import resolve_pretrained
 from nyscli.report.curves import learning_curve
 from nyscli.report.paper import TABLE2
 from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
@@ -180,7 +180,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         cfg, selected_attention(cfg, names_attention(current_overrides()))
     )
     if start.source != SCRATCH:
-        log.info("init=%s: attention %s", start.source, row_label(start.encoder.config.attention))
+        label = attention_label(start.encoder.config.attention)
+        log.info("init=%s: attention %s", start.source, label)
     if start.extended_from:
         log.info("positions %d..%d copied from 0..%d", start.extended_from,
                  int(cfg.task.max_len) - 1, start.extended_from - 1)  # fmt: skip
@@ -235,7 +236,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
-    attention = row_label(dict(start.encoder.config.attention))
+    attention = attention_label(dict(start.encoder.config.attention))
     learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / CURVE_FILE,
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
     first = final.get(devs[0], {})

@@ -25,9 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 from torch.utils.data import Subset
 
+from nyscli.attention import attention_label
+from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.errors import UserInputError
-from nyscli.experiments.bench import row_label
 from nyscli.experiments.finetune_model import (
     current_overrides,
     selected_attention,
@@ -43,7 +44,6 @@ from nyscli.experiments.finetune_tasks import (
 )
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.models.checkpoints import names_attention
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
@@ -153,13 +153,13 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         trainer.metrics.append(0, split, {k: results[split][k] for k in metric_names(task)})
     first = results[splits[0]]
     attention = dict(start.encoder.config.attention)
-    trained_label = row_label(own) if own else "checkpoint's own"
+    trained_label = attention_label(own) if own else "checkpoint's own"
     row = {
         "task": task,
         "mode": "eval_only",
         "eval_of": str(source.resolve()),
         "trained_attention": trained_label,
-        "attention": row_label(attention),
+        "attention": attention_label(attention),
         "attention_name": attention["name"],
         "budget": _budget(attention),
         "landmarks": attention.get("landmarks", ""),

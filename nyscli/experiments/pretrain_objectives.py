@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from nyscli.data.common import pad_batch
 from nyscli.data.subsets import subset_indices
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 from nyscli.train import BatchResult
 
 IGNORE = -100

@@ -13,10 +13,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.attention import AttentionConfigError, MultiHeadAttention
-from nyscli.bridge import OUTPUT_ROOT
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.models.bert import BertConfig
+from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
 from nyscli.train.resume import ResumePlan, plan_resume
 
@@ -167,3 +168,19 @@ def run_context(
         "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,
         "resume_changes": plan.changes_text(),
     }
+
+
+def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
+    """The encoder the ``model`` and ``attention`` groups describe (pretrain, finetune from
+    scratch)."""
+    model = cfg.model
+    return BertConfig(
+        vocab_size=vocab_size,
+        max_len=int(model.max_len),
+        dim=int(model.dim),
+        depth=int(model.depth),
+        num_heads=int(model.num_heads),
+        ffn_dim=int(model.ffn_dim),
+        dropout=float(model.dropout),
+        attention=OmegaConf.to_container(cfg.attention, resolve=True),
+    )

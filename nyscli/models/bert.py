@@ -1,6 +1,6 @@
 """BERT on the shared pre-LN encoder: the encoder alone, and with its MLM + SOP heads.
 
-``BertEncoder`` is what a pre-training run hands to fine-tuning (``nyscli.models.pretrained``);
+``BertEncoder`` is what a pre-training run hands to fine-tuning (``nyscli.checkpoints.pretrained``);
 ``BertForPretraining`` adds the masked-language-model head (dense + GELU + LayerNorm, decoder
 tied to the token embeddings, own bias) and the sentence-order head (tanh pooler on the
 [CLS] position, then Linear(dim, 2)), as in ALBERT/the Nyströmformer BERT runs.

@@ -5,7 +5,7 @@
 ``x = x + drop(attn(LN(x)))`` and ``x = x + drop(W2 drop(act(W1 LN(x))))``, a final LayerNorm.
 
 ``norm="post"`` is original BERT's (and every BERT-family checkpoint's, see
-``nyscli.models.hf_import``): embeddings -> LayerNorm -> dropout, then per block
+``nyscli.checkpoints.hf_import``): embeddings -> LayerNorm -> dropout, then per block
 ``x = LN(x + drop(attn(x)))`` and ``x = LN(x + drop(W2 drop(act(W1 x))))``, no final norm.
 
 Either way padded positions are zeroed in the output.

@@ -1,1 +1,2 @@
-"""Run folders, atomic CSV/JSON writing, environment capture, tables and sweep summaries."""
+"""Run folders, CSV/JSON/text writing (atomic, through ``nyscli.atomic``), environment capture,
+the console, tables, learning curves, plots and the paper's reference numbers."""

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nyscli.errors import naming
+from nyscli.atomic import atomic_writer
 from nyscli.train.errors import CheckpointError
 
 FORMAT = "nys-trainer-v1"
@@ -24,24 +21,9 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
 
     A crash mid-write leaves the previous checkpoint untouched: readers never see half a file.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save({"format": FORMAT, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as error:  # a full disk: the one-line error must say which file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise naming(error, path) from None
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    with atomic_writer(path, "wb") as handle:
+        torch.save({"format": FORMAT, **state}, handle)
+    return Path(path)
 
 
 def shape_mismatch(model: torch.nn.Module, state: dict[str, Any]) -> str | None:

@@ -16,13 +16,15 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a one-line error."""
-    if name not in DEVICES:
+    """``auto`` -> cuda if available else cpu; ``cuda`` (or ``cuda:<i>``) without a GPU is a
+    one-line error. The one device resolver of every command."""
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
         raise UserInputError(f"device={name} is not allowed; choose one of: {', '.join(DEVICES)}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("device=cuda is not allowed here: no CUDA device; use cpu or auto")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(f"device={name} is not allowed here: no CUDA device; use cpu or auto")
     return torch.device(name)
 
 

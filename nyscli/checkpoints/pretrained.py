@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from nyscli.data.common import atomic_writer
+from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.report.files import write_json
-from nyscli.text.tokenizer import FILE_NAME as TOKENIZER_FILE
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import FILE_NAME as TOKENIZER_FILE
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 from nyscli.train.checkpoint import shape_mismatch
 
 PRETRAINED_DIR = "pretrained"
@@ -50,6 +50,16 @@ def resolve_pretrained(folder: Path) -> Path:
     return folder
 
 
+def load_setup(folder: Path) -> tuple[BertConfig, WordPieceTokenizer]:
+    """The encoder config and tokenizer saved in ``folder``, without the weights (what
+    ``finetune scratch.like`` copies)."""
+    try:
+        config = BertConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text("utf-8")))
+    except (ValueError, TypeError) as error:
+        raise UserInputError(f"{folder / CONFIG_FILE} is corrupt ({error})") from None
+    return config, WordPieceTokenizer.load(folder / TOKENIZER_FILE)
+
+
 def load_pretrained(folder: Path) -> tuple[BertEncoder, WordPieceTokenizer]:
     """The encoder (eval mode, CPU) and tokenizer saved in ``folder`` (or a run folder)."""
     folder = resolve_pretrained(folder)
@@ -60,11 +70,7 @@ def load_pretrained(folder: Path) -> tuple[BertEncoder, WordPieceTokenizer]:
             raise UserInputError(
                 f"pretrained checkpoint {folder} has no {name}; expected {EXPECTED}"
             )
-    try:
-        config = BertConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text("utf-8")))
-    except (ValueError, TypeError) as error:
-        raise UserInputError(f"{folder / CONFIG_FILE} is corrupt ({error})") from None
-    tokenizer = WordPieceTokenizer.load(folder / TOKENIZER_FILE)
+    config, tokenizer = load_setup(folder)
     encoder = BertEncoder(config)
     state = None
     try:

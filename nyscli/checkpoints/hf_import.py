@@ -32,7 +32,7 @@ from torch import Tensor
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertConfig, BertEncoder, load_across_attention
 from nyscli.models.encoder import ACTIVATIONS
-from nyscli.text.tokenizer import MINILM_HINT, WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import MINILM_HINT, WordPieceTokenizer
 
 HF_PREFIX = "hf:"
 MINILM = "minilm"

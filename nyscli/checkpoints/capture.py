@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from nyscli.checkpoints.hf_import import import_bert, is_checkpoint_spec
+from nyscli.checkpoints.pretrained import CONFIG_FILE, load_pretrained, resolve_pretrained
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertEncoder, load_across_attention, with_attention
 from nyscli.models.bert_classifier import extend_positions
-from nyscli.models.hf_import import import_bert, is_checkpoint_spec
-from nyscli.models.pretrained import CONFIG_FILE, load_pretrained, resolve_pretrained
-from nyscli.text.tokenizer import WordPieceTokenizer
+from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 TRAINER_CHECKPOINTS = ("checkpoints/best.pt", "checkpoints/last.pt")
 EXPECTED = "minilm, hf:<folder or hub id>, a nys pretrain folder or a nys finetune run folder"

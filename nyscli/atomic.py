@@ -1,0 +1,43 @@
+"""The one atomic file writer: a crash never leaves a half-written file behind.
+
+Readers (and a crashed or concurrent writer) never see a partial file, so a cache may trust
+"file exists" to mean "file is complete", and a crash mid-save leaves the previous checkpoint
+or results file untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from nyscli.errors import naming
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
+    """A handle on a temp file beside ``path``; on success fsync and ``os.replace`` it onto
+    ``path``. On any failure the temp file is removed; an OSError (a full disk, a read-only
+    folder) is re-raised naming ``path`` so the one-line error says which file.
+
+    Text modes write UTF-8 with ``newline=""`` (the csv module does its own line endings).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+    try:
+        with os.fdopen(fd, mode, **text) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise naming(error, path) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
