@@ -91,6 +91,29 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within the block Ctrl-C and SIGTERM wait until it ends (main thread only), so writing a
+    checkpoint and recording it as the last good one happen together: the interruption line
+    never names an older step than the file on disk holds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor inside nested tuples/lists/dicts to ``device``."""
     if isinstance(batch, torch.Tensor):
@@ -369,24 +392,25 @@ class Trainer:
         if not self.main:
             self.last_good = (self.checkpoints / LAST, self.step)
             return
-        path = save_checkpoint(
-            {
-                "step": self.step,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "rng": rng_state(),
-                "loader": self.train_batches.state_dict() if self.train_batches else None,
-                "best_value": self.best_value,
-                "best_step": self.best_step,
-                "window": window.state_dict(),
-                "train_seconds": self.train_seconds,
-                "train_tokens": self.train_tokens,
-            },
-            self.checkpoints / LAST,
-        )
-        self.last_good = (path, self.step)
+        with _signals_held():
+            path = save_checkpoint(
+                {
+                    "step": self.step,
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict(),
+                    "rng": rng_state(),
+                    "loader": self.train_batches.state_dict() if self.train_batches else None,
+                    "best_value": self.best_value,
+                    "best_step": self.best_step,
+                    "window": window.state_dict(),
+                    "train_seconds": self.train_seconds,
+                    "train_tokens": self.train_tokens,
+                },
+                self.checkpoints / LAST,
+            )
+            self.last_good = (path, self.step)
 
     def _restore(self, state: dict[str, Any], train: ShuffledBatches) -> None:
         try:
