@@ -132,8 +132,8 @@ def approx_error(
         None, help="Where q, k, v come from: smooth, gaussian, minilm (real BERT) or checkpoint."
     ),
     seq_len: int = typer.Option(None, "--seq-len", "-n", help="Sequence length n."),
-    landmark: list[int] = typer.Option(
-        None, "--landmarks", "-l", help="Budget m; repeat for a curve (sets landmarks)."
+    budget: list[int] = typer.Option(
+        None, "--budget", "-b", help="Budget m; repeat for a curve (sets budgets)."
     ),
     method: list[str] = typer.Option(
         None, "--method", help="Method to compare; repeat for several (sets methods)."
@@ -146,7 +146,7 @@ def approx_error(
     typed = {
         "source": source,
         "seq_len": seq_len,
-        "landmarks": _list(landmark) if landmark else None,
+        "budgets": _list(budget) if budget else None,
         "methods": _list(method) if method else None,
         "text_path": text_path,
         "seed": seed,

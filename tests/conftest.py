@@ -12,6 +12,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist, workers share the cores: one worker's torch ops should not take them all.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 
 def smooth_qkv(b: int, h: int, n: int, d: int, seed: int = 0, dtype=torch.float64):
     """q, k, v (b, h, n, d) that vary smoothly along n (a random walk), so attention has the

@@ -68,7 +68,7 @@ def test_as_many_landmarks_as_tokens_with_exact_pinv_is_exact(selection: str) ->
 
 
 def test_run_with_m_equal_n_reports_errors_below_1e6(tmp_path: Path) -> None:
-    df = run(tmp_path, "landmarks=[64]", "methods=[nystrom]", "attention.pinv=exact")
+    df = run(tmp_path, "budgets=[64]", "methods=[nystrom]", "attention.pinv=exact")
     for metric in ("output_error", "matrix_error", "rowsum_deviation"):
         assert value(df, "nystrom", metric).max() <= 1e-6
 
@@ -87,14 +87,14 @@ def test_pinv_residual_falls_monotonically_with_iterations() -> None:
 
 
 def test_pinv_iterations_sweep_shows_in_the_results(tmp_path: Path) -> None:
-    few = run(tmp_path, "methods=[nystrom]", "landmarks=[8]", "attention.pinv_iterations=1")
-    many = run(tmp_path, "methods=[nystrom]", "landmarks=[8]", "attention.pinv_iterations=8")
+    few = run(tmp_path, "methods=[nystrom]", "budgets=[8]", "attention.pinv_iterations=1")
+    many = run(tmp_path, "methods=[nystrom]", "budgets=[8]", "attention.pinv_iterations=8")
     assert (value(many, "nystrom", "pinv_residual") < value(few, "nystrom", "pinv_residual")).all()
     assert (many["pinv_iterations"] == 8).all()
 
 
 def test_errors_are_deterministic_for_a_fixed_seed(tmp_path: Path) -> None:
-    overrides = ("landmarks=[8]", "methods=[nystrom_random,nystrom_kmeans,linformer,performer]")
+    overrides = ("budgets=[8]", "methods=[nystrom_random,nystrom_kmeans,linformer,performer]")
     first, again = run(tmp_path, *overrides), run(tmp_path, *overrides)
     other = run(tmp_path, *overrides, "seed=1")
     pd.testing.assert_frame_equal(first, again)
@@ -109,7 +109,7 @@ def test_metrics_match_a_numpy_reference(tmp_path: Path) -> None:
         tmp_path,
         "source=gaussian",
         "seq_len=32",
-        "landmarks=[4]",
+        "budgets=[4]",
         "methods=[nystrom]",
         "attention.pinv=exact",
         "scale=0.7",
@@ -178,8 +178,8 @@ def test_smooth_inputs_are_unit_variance_and_correlated_over_the_length() -> Non
 
 def test_structure_decides_who_wins(tmp_path: Path) -> None:
     # Smooth inputs: Nyström far better than uniform; i.i.d. Gaussian: hardly better (DESIGN §7).
-    smooth = run(tmp_path, "landmarks=[8]", "methods=[nystrom]", "correlation_length=8.0")
-    gauss = run(tmp_path, "source=gaussian", "landmarks=[8]", "methods=[nystrom]")
+    smooth = run(tmp_path, "budgets=[8]", "methods=[nystrom]", "correlation_length=8.0")
+    gauss = run(tmp_path, "source=gaussian", "budgets=[8]", "methods=[nystrom]")
     assert (
         value(smooth, "nystrom", "output_error").mean()
         < 0.2 * value(smooth, "uniform", "output_error").mean()
@@ -194,7 +194,7 @@ def test_structure_decides_who_wins(tmp_path: Path) -> None:
 
 
 def test_run_writes_long_results_two_figures_and_a_table(tmp_path: Path) -> None:
-    df = run(tmp_path, "landmarks=[4,8]", "methods=[nystrom,linear]", "plots=true")
+    df = run(tmp_path, "budgets=[4,8]", "methods=[nystrom,linear]", "plots=true")
     assert {"method", "budget", "metric", "value", "layer", "head", "source"} <= set(df)
     assert set(df.method) == {"nystrom", "linear", "uniform", "svd"}
     assert df.loc[df.method == "linear", "budget"].isna().all()
@@ -212,7 +212,7 @@ def test_run_writes_long_results_two_figures_and_a_table(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("landmarks=[8,0]", "landmarks="),
+        ("budgets=[8,0]", "budgets="),
         ("seq_len=0", "seq_len=0"),
         ("source=random", "source=random"),
         ("methods=[nystrom,bigbird]", "methods=bigbird"),
@@ -293,7 +293,7 @@ def test_minilm_hooks_give_the_models_own_attention(tmp_path: Path) -> None:
         "source=minilm",
         "seq_len=48",
         f"text_path={text}",
-        "landmarks=[8]",
+        "budgets=[8]",
         "methods=[nystrom]",
         "baselines=[uniform]",
     )

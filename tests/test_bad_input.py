@@ -36,7 +36,7 @@ BAD_VALUES = [
     ("bench", ["time_budget_s=0"], "time_budget_s=0"),
     ("approx_error", ["seq_len=0"], "seq_len=0"),
     ("approx_error", ["scale=-1"], "scale=-1"),
-    ("approx_error", ["landmarks=[0]"], "landmarks=[0]"),
+    ("approx_error", ["budgets=[0]"], "budgets=[0]"),
     ("approx_error", ["threads=0"], "threads=0"),
     ("approx_error", ["seed=1.5"], "seed=1.5"),
     ("approx_error", ["plots=maybe"], "plots=maybe"),

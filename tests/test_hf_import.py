@@ -328,7 +328,7 @@ def test_approx_error_source_checkpoint_end_to_end(run_nys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the plot was fun , the acting was great . " * 8)
     done = run_nys("approx-error", "source=checkpoint", f"checkpoint=hf:{folder}",
-                   f"text_path={text}", "seq_len=32", "landmarks=[4,8]", "plots=false",
+                   f"text_path={text}", "seq_len=32", "budgets=[4,8]", "plots=false",
                    "methods=[nystrom]", "baselines=[uniform]", "threads=1")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     df = pd.read_csv(next(tmp_path.rglob("results.csv")))

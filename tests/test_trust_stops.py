@@ -73,9 +73,12 @@ def test_an_interrupted_run_says_where_to_resume_and_leaves_its_checkpoint_intac
     args[args.index("--steps") + 1] = "100000"
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
     command = [sys.executable, "-m", "nyscli.cli", "lra", *args, "trainer.progress=false"]
+    # A pytest started in the background (`pytest &`) ignores SIGINT, and a child inherits that:
+    # give the run the default disposition a user's terminal gives it.
     process = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     deadline = time.monotonic() + 120
     while not list((tmp_path / "outputs").rglob(LAST)) and time.monotonic() < deadline:
         time.sleep(0.2)

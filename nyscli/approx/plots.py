@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from nyscli.approx.metrics import METRIC_LABELS  # noqa: E402
-from nyscli.approx.summary import summarise  # noqa: E402
-from nyscli.report.plots import loglog_panels  # noqa: E402
+from nyscli.approx.metrics import METRIC_LABELS
+from nyscli.approx.summary import summarise
+from nyscli.report.plots import loglog_panels, pyplot, save_figure
 
 PLOTTED = ("output_error", "matrix_error")
 MAX_PIXELS = 512  # larger matrices are block-averaged down to this many rows/columns
@@ -70,7 +66,7 @@ def attention_maps(matrices: dict[str, Tensor], path: Path, title: str) -> Path:
     top = torch.quantile(sample, 0.995).item()
     cols = min(len(labels), MAX_COLUMNS)
     rows = -(-len(labels) // cols)
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         rows, cols, figsize=(2.6 * cols + 0.8, 2.8 * rows), squeeze=False, layout="constrained"
     )
     for ax in axes.flat:
@@ -81,7 +77,4 @@ def attention_maps(matrices: dict[str, Tensor], path: Path, title: str) -> Path:
         ax.set_title("S (exact)" if label == "exact" else f"Ŝ {label}", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.8)
     fig.suptitle(title, fontsize=10)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

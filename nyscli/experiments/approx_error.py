@@ -49,7 +49,7 @@ RULES: dict[str, schema.Rule] = {
     "threads": schema.THREADS,
     "plot_layer": schema.Int(low=0),
     "plot_head": schema.Int(low=0),
-    "landmarks": schema.IntList(low=1, null=True),
+    "budgets": schema.IntList(low=1, null=True),
     "text_path": schema.Text(null=True),
     "dtype": schema.Choice(values=tuple(DTYPES)),
     "device": schema.DEVICE,
@@ -64,8 +64,8 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
 
 
 def budgets(cfg: DictConfig) -> list[int]:
-    """Budgets m: ``landmarks`` (a list or one number), else [attention.num_landmarks]."""
-    value = cfg.landmarks
+    """Budgets m: ``budgets`` (a list or one number), else [attention.num_landmarks]."""
+    value = cfg.budgets
     if value is None:
         value = [cfg.attention.num_landmarks]
     elif isinstance(value, int):

@@ -118,10 +118,13 @@ def validate(cfg: DictConfig) -> None:
     except AttentionConfigError as error:
         raise UserInputError(str(error)) from error
     labels = [attention_label(row) for row in rows]
-    if cfg.baseline is not None and cfg.baseline not in labels and user_set("baseline"):
+    names = [str(row.get("name")) for row in rows]
+    # render() matches a row by its label, or by its attention name when that names one row
+    known = labels + [name for name in names if names.count(name) == 1]
+    if cfg.baseline is not None and cfg.baseline not in known and user_set("baseline"):
         raise UserInputError(
             f"baseline={cfg.baseline} is not allowed; it must be a measured row: "
-            f"{', '.join(labels)} (or null)"
+            f"{', '.join(labels)} (or its attention name, or null)"
         )
 
 

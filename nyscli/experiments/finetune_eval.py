@@ -44,7 +44,7 @@ from nyscli.experiments.finetune_tasks import (
 )
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.report.plots import plt, save_figure
+from nyscli.report.plots import pyplot, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
     BEST,
@@ -192,7 +192,7 @@ def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
     rows = df[df["mode"] == "eval_only"] if "mode" in df else df.iloc[:0]
     if rows.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
     exact = rows[rows.budget.isna()]
     budgeted = rows[rows.budget.notna()].fillna({"landmarks": ""})
     for label, group in budgeted.groupby(["attention_name", "landmarks"]):

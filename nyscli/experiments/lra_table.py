@@ -19,7 +19,7 @@ from rich.text import Text
 
 from nyscli.experiments.lra_tasks import TASKS
 from nyscli.report.files import write_csv
-from nyscli.report.plots import plt, save_figure
+from nyscli.report.plots import pyplot, save_figure
 
 TABLE3_FILE = "table3.csv"
 CURVES_FILE = "curves_{task}.png"
@@ -166,7 +166,7 @@ def write_table3(df: pd.DataFrame, folder: Path) -> list[Path]:
 
 def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
     """Train loss and dev accuracy against step, one line per run; the baseline dashed."""
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (loss_ax, acc_ax) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     drawn = 0
     for r in runs.itertuples():
         metrics_file = Path(str(r.run_dir)) / "metrics.csv"
@@ -182,7 +182,7 @@ def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
                     color=line.get_color())  # fmt: skip
         drawn += 1
     if not drawn:
-        plt.close(fig)
+        pyplot().close(fig)
         return None
     baseline = runs["rule_accuracy"].dropna() if "rule_accuracy" in runs else []
     if len(baseline):

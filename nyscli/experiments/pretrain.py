@@ -54,7 +54,7 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert import BertForPretraining
-from nyscli.report.plots import plt, save_figure
+from nyscli.report.plots import pyplot, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
     BEST,
@@ -258,7 +258,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, baseline: float) -> Path:
     """Validation MLM and SOP accuracy (and the constant MLM baseline) against step."""
     val = metrics[metrics.split == "val"].sort_values("step")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for ax, column, chance, chance_label in (
         (axes[0], "mlm_accuracy", baseline, "most frequent token"),
         (axes[1], "sop_accuracy", 0.5, "chance"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nyscli.report.plots import plt, save_figure  # plots selects the Agg backend first
+from nyscli.report.plots import pyplot, save_figure
 
 
 def learning_curve(
@@ -21,7 +21,7 @@ def learning_curve(
     """
     if metrics.empty:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for ax, column in zip(axes, ("loss", metric), strict=True):
         if column not in metrics:
             continue
@@ -54,7 +54,7 @@ def overlaid_curves(
     Returns None when no run has a point in any panel.
     """
     drawn = False
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (split, column, label) in zip(axes[0], panels, strict=True):
         for name, metrics in curves.items():
             if column not in metrics:
@@ -71,7 +71,7 @@ def overlaid_curves(
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if not drawn:
-        plt.close(fig)
+        pyplot().close(fig)
         return None
     if title:
         fig.suptitle(title)

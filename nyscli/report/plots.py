@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend (no display), imported on first use: the import
+    costs ~0.5 s, which every ``nys`` start (and every one-line error) would otherwise pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def loglog_panels(
@@ -23,7 +35,9 @@ def loglog_panels(
 
     Rows with a missing y value (e.g. out of memory) are left out of their line.
     """
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    fig, axes = pyplot().subplots(
+        1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False
+    )
     for ax, (column, label) in zip(axes[0], panels, strict=True):
         for name, group in df.dropna(subset=[column]).groupby(line, sort=False):
             group = group.sort_values(x)
@@ -37,12 +51,14 @@ def loglog_panels(
     return save_figure(fig, path, dpi=120)
 
 
-def save_figure(fig: plt.Figure, path: Path, dpi: int = 120) -> Path:
-    """Lay out, write ``fig`` to a temp file beside ``path``, rename it, close the figure."""
-    fig.tight_layout()
+def save_figure(fig: Figure, path: Path, dpi: int = 120) -> Path:
+    """Lay out (unless ``fig`` has its own layout engine), write ``fig`` to a temp file beside
+    ``path``, rename it, close the figure."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
+    pyplot().close(fig)
     tmp.replace(path)
     return path

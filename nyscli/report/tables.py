@@ -8,8 +8,10 @@ from typing import Any
 import pandas as pd
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-Column = tuple[str, Callable[[Any], str]]  # (header, row -> cell text)
+# (header, row -> cell): plain text is shown as it is; a styled Text keeps its style
+Column = tuple[str, Callable[[Any], str | Text]]
 
 
 def pct(value: Any) -> str:
@@ -24,15 +26,19 @@ def rows_table(title: str, df: pd.DataFrame, columns: Sequence[Column], text: se
         left = name in text
         table.add_column(name, justify="left" if left else "right", no_wrap=left)
     for r in df.itertuples():
-        table.add_row(*(escape(cell(r)) for _, cell in columns))  # data, not rich markup
+        table.add_row(*(_shown(cell(r)) for _, cell in columns))
     return table
 
 
-def flag_text(value: Any) -> str:
+def _shown(value: str | Text) -> str | Text:
+    return value if isinstance(value, Text) else escape(value)  # data, not rich markup
+
+
+def flag_text(value: Any) -> Text:
     """A result's flag (e.g. ``= majority``) in red; empty when there is none."""
     if value is None or (isinstance(value, float) and pd.isna(value)) or not str(value):
-        return ""
-    return f"[red]{value}[/]"
+        return Text("")
+    return Text(str(value), style="red")
 
 
 # Beside every classification result: what a constant (majority-class) predictor and a uniform
