@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from nyscli.approx.summary import summarise
+from nyscli.errors import UserInputError
 from nyscli.experiments import report
 from nyscli.report import curves, plots
 from nyscli.report.runs import load_run
@@ -156,3 +157,12 @@ def test_bench_runs_share_the_time_and_memory_axes(tmp_path, figures):
     assert time["nystrom-64 [dtype=fp32]"] == ([512, 1024], [5.12, 10.24])
     assert time["nystrom-64 [dtype=bf16]"] == ([512, 1024], [10.24, 20.48])
     assert memory["nystrom-64 [dtype=bf16]"] == ([512, 1024], [5.12, 10.24])
+
+
+def test_a_results_table_missing_its_commands_columns_is_one_line(tmp_path):
+    """A folder that says command: bench but holds another table is named, not a KeyError."""
+    fake_run(tmp_path / "odd", "bench", [], {"attention": "nystrom-64", "time_ms": 1.0})
+    with pytest.raises(UserInputError) as raised:
+        report.show_report([tmp_path])
+    message = str(raised.value)
+    assert str(tmp_path / "odd") in message and "'scope'" in message and "bench" in message

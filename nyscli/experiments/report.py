@@ -10,6 +10,7 @@ import pandas as pd
 from rich.markup import escape
 
 from nyscli.approx.plots import error_vs_budget
+from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS, experiment_module
 from nyscli.report.console import console
 from nyscli.report.curves import overlaid_curves
@@ -47,7 +48,7 @@ def show_report(
         frames.append(df.assign(command=command))
         if not df.empty and command in COMMANDS:
             module = experiment_module(command)
-            console.print(module.render(df))
+            console.print(_rendered(module.render, df, command, group))
             if figures is not None and hasattr(module, "write_figures"):
                 for path in module.write_figures(df, figures):
                     console.print(f"wrote {path}", markup=False, highlight=False)
@@ -71,6 +72,21 @@ def show_report(
             for png in figure(done, aggregate(done), prefix):
                 console.print(f"wrote {png}", markup=False, highlight=False)
     return combined
+
+
+def _rendered(
+    render: Callable[[pd.DataFrame], object], df: pd.DataFrame, command: str, runs: list[RunFolder]
+) -> object:
+    """``render(df)``, or one line naming the runs whose results.csv lacks a column it needs."""
+    try:
+        return render(df)
+    except KeyError as error:
+        column = str(error.args[0]) if error.args else "?"
+        lacking = [str(r.path) for r in runs if r.ok and column not in r.results.columns]
+        raise UserInputError(
+            f"{', '.join(lacking) or 'these runs'}: results.csv lacks the column '{column}' "
+            f"that a {command} run writes; is it a {command} run folder?"
+        ) from error
 
 
 def run_labels(runs: list[RunFolder]) -> dict[Path, str]:
