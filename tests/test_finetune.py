@@ -236,6 +236,13 @@ def test_imdb_beyond_the_checkpoint_length(run_nys, tmp_path, fixtures):
     assert row.task == "imdb" and row.max_len == 48 and row.positions_extended_from == 32
     assert row.steps == 4 and row.test_examples == 8 and row.dev_examples == 6
     assert 0 <= row.test_accuracy <= 1 and row.train_examples == 24
+    # eval_only of that run, same attention and test subset: the same reviews, the same score
+    (run_dir,) = (tmp_path / "outputs" / "finetune").iterdir()
+    again = run_nys("finetune", f"eval_only={run_dir}", "task=imdb", "task.test_examples=8",
+                    f"data.dir={fixtures['imdb']}", "threads=1")  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    evaluated = results(tmp_path / "outputs").query("mode == 'eval_only'").iloc[0]
+    assert evaluated.examples == 8 and evaluated.accuracy == pytest.approx(row.test_accuracy)
 
 
 def test_mnli_from_scratch_like_a_checkpoint(run_nys, tmp_path, fixtures):

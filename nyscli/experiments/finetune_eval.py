@@ -132,9 +132,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     examples = load_examples(merged.task, merged.data.dir, int(merged.seed))
     splits = ("test",) if "test" in examples else dev_splits(task)
     if "test" in examples:
-        examples["test"] = seeded_subset(
-            examples["test"], merged.task.get("test_examples"), int(merged.seed)
-        )
+        examples["test"] = seeded_subset(examples["test"], merged.task.get("test_examples"))
     max_len = int(merged.task.max_len)
     collate = PairCollate(max_len, start.tokenizer.pad_id)
     settings = TrainerConfig.from_mapping(
