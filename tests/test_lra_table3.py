@@ -320,3 +320,23 @@ def test_each_run_of_a_sweep_in_one_process_reports_its_own_cpu_peak() -> None:
     reset_peak_memory(cpu)
     low = peak_memory_mb(cpu)
     assert high - low > 150  # the earlier job's 200 MB no longer counts
+
+
+def test_every_training_command_and_eval_only_start_a_new_peak(monkeypatch, tmp_path) -> None:
+    """lra, pretrain and finetune share start_run; eval_only resets in evaluate_only (a
+    finetune eval sweep once showed the first job's peak in every later row)."""
+    import inspect
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from nyscli.experiments import finetune_eval, training
+
+    calls: list[torch.device] = []
+    monkeypatch.setattr(training, "reset_peak_memory", calls.append)
+    cfg = OmegaConf.create(
+        {"command": "lra", "threads": None, "device": "cpu", "resume": False, "seed": 0}
+    )
+    device, _ = training.start_run(cfg, tmp_path)
+    assert calls == [device]
+    assert "reset_peak_memory(device)" in inspect.getsource(finetune_eval.evaluate_only)

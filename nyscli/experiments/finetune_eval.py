@@ -55,6 +55,7 @@ from nyscli.train import (
     eval_batches,
     load_checkpoint,
     peak_memory_mb,
+    reset_peak_memory,
     resolve_device,
 )
 
@@ -115,6 +116,8 @@ def by_length(dataset: EncodedExamples) -> Subset:
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     """One row: the run's model with the selected attention, on its test (IMDB) or dev sets."""
     started = time.perf_counter()
+    device = resolve_device(str(cfg.device))
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     source = Path(str(cfg.eval_only)).expanduser()
     trained, trained_overrides = run_config(source)
     merged = _merged(cfg, trained)
@@ -139,7 +142,6 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         {**OmegaConf.to_container(cfg.trainer, resolve=True), "max_steps": 1, "progress": False}
     )
     size = settings.eval_batch_size or int(merged.trainer.batch_size)
-    device = resolve_device(str(cfg.device))
     objective = ClassificationObjective(f1="f1" in metric_names(task))
     trainer = Trainer(model, objective, settings, run_dir, device, metric_names(task))
     results: dict[str, dict[str, float]] = {}

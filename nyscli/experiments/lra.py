@@ -55,7 +55,6 @@ from nyscli.train import (
     distributed,
     eval_batches,
     peak_memory_mb,
-    reset_peak_memory,
 )
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,6 @@ def attention_label(cfg: DictConfig) -> str:
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     device, plan = start_run(cfg, run_dir)
-    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, cfg.data_cache, cfg.threads)
     # After the data: a bad data file is then the run's only output line.

@@ -18,7 +18,13 @@ from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.models.bert import BertConfig
 from nyscli.paths import OUTPUT_ROOT
-from nyscli.train import TrainerConfig, distributed, resolve_device, seed_everything
+from nyscli.train import (
+    TrainerConfig,
+    distributed,
+    reset_peak_memory,
+    resolve_device,
+    seed_everything,
+)
 from nyscli.train.resume import ResumePlan, plan_resume
 
 log = logging.getLogger(__name__)
@@ -71,13 +77,15 @@ def preflight(cfg: DictConfig) -> str | None:
 
 
 def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]:
-    """Threads, device, the run to resume from (``cfg.resume``) and the seed.
+    """Threads, device, a fresh peak-memory count, the run to resume from (``cfg.resume``)
+    and the seed.
 
     Returns (device, resume plan: its ``checkpoint`` is the last.pt to continue or None).
     """
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = resolve_device(str(cfg.device))
+    reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     plan = resume_plan(cfg, run_dir)
     if plan.finished:
         raise UserInputError(plan.nothing_to_do() or "")
