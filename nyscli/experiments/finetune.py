@@ -41,7 +41,6 @@ from nyscli.experiments.finetune_eval import (
     deployment_plot,
     deployment_table,
     evaluate_only,
-    majority_rate,
     run_config,
 )
 from nyscli.experiments.finetune_model import (
@@ -250,8 +249,6 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "dev_f1": first.get("f1", math.nan),
         "dev_mm_accuracy": final.get("dev_mismatched", {}).get("accuracy", math.nan),
         "test_accuracy": test["accuracy"],
-        # beside every accuracy: what always answering the most common class scores there
-        "majority_rate": majority_rate(encoded["test" if "test" in encoded else devs[0]].labels),
         "best_dev_accuracy": fit.best_value,
         "best_step": fit.best_step,
         "steps": fit.step,

@@ -28,6 +28,7 @@ from torch.utils.data import Subset
 from nyscli.attention import attention_label
 from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
+from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune_model import (
     current_overrides,
@@ -42,10 +43,11 @@ from nyscli.experiments.finetune_tasks import (
     num_classes,
     seeded_subset,
 )
+from nyscli.experiments.training import baseline_fields, class_balance
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.report.plots import pyplot, save_figure
-from nyscli.report.tables import pct, rows_table
+from nyscli.report.tables import flag_text, pct, rows_table
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,
@@ -82,11 +84,6 @@ def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
     overrides_file = folder / ".hydra" / "overrides.yaml"
     overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
     return cfg, overrides  # type: ignore[return-value]
-
-
-def majority_rate(labels: np.ndarray) -> float:
-    """Accuracy of always predicting the most common label of ``labels``."""
-    return float(np.bincount(labels).max() / len(labels)) if len(labels) else math.nan
 
 
 def _merged(cfg: DictConfig, trained: DictConfig) -> DictConfig:
@@ -145,11 +142,12 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     objective = ClassificationObjective(f1="f1" in metric_names(task))
     trainer = Trainer(model, objective, settings, run_dir, device, metric_names(task))
     results: dict[str, dict[str, float]] = {}
+    balances: dict[str, ClassBalance | None] = {}
     for split in splits:
         encoded = encode_examples(examples[split], start.tokenizer, max_len)
         results[split] = _evaluate(trainer, eval_batches(by_length(encoded), size, collate))
-        results[split]["majority"] = majority_rate(encoded.labels)
         results[split]["examples"] = len(encoded)
+        balances[split] = class_balance(f"{split} set", encoded.labels, num_classes(task))
         trainer.metrics.append(0, split, {k: results[split][k] for k in metric_names(task)})
     first = results[splits[0]]
     attention = dict(start.encoder.config.attention)
@@ -167,7 +165,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         "split": splits[0],
         "accuracy": first["accuracy"],
         "f1": first.get("f1", math.nan),
-        "majority_rate": first["majority"],
+        **baseline_fields(balances[splits[0]], first["accuracy"], splits[0]),
         "examples": first["examples"],
         "eval_tokens_per_s": first["tokens_per_s"],
         "eval_s": first["eval_s"],
@@ -221,6 +219,7 @@ def deployment_table(df: pd.DataFrame) -> Table:
         ("split", lambda r: f"{r.split} ({r.examples})"),
         ("accuracy %", lambda r: pct(r.accuracy)),
         ("majority %", lambda r: pct(r.majority_rate)),
+        ("flag", lambda r: flag_text(getattr(r, "flag", None))),
         ("eval tok/s", lambda r: f"{r.eval_tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
