@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -12,9 +13,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+@functools.cache
 def pyplot() -> ModuleType:
-    """matplotlib.pyplot on the Agg backend (no display), imported on first use: the import
-    costs ~0.5 s, which every ``nys`` start (and every one-line error) would otherwise pay."""
+    """matplotlib.pyplot on the Agg backend (no display), imported and set up on first use
+    only: the import costs ~0.5 s, which every ``nys`` start (and every one-line error) would
+    otherwise pay."""
     import matplotlib
 
     matplotlib.use("Agg")
