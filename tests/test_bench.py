@@ -33,6 +33,37 @@ SPEC = {
 }
 
 
+FRAGMENTED_HEAP = """
+import torch
+from nyscli.experiments.memory import cpu_peak_mb
+
+MIB = 2**18  # float32 elements in one MiB
+torch.empty(16 * MIB).fill_(1)  # freed at once: glibc then serves blocks this size from its heap
+
+
+def call():
+    first = torch.empty(8 * MIB).fill_(1)
+    pin = torch.empty(256).fill_(1)  # a small block above it, so its hole is not trimmed
+    del first
+    second = torch.empty(12 * MIB).fill_(1)  # does not fit the 8 MiB hole
+    return second, pin
+
+
+print(cpu_peak_mb(call))
+"""
+
+
+def test_cpu_peak_memory_counts_tensors_alive_together_not_heap_holes():
+    """At most 12 MiB is alive at once; a heap that kept the freed 8 MiB would read ~20."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", FRAGMENTED_HEAP], capture_output=True, text=True, check=True
+    )
+    assert 11.5 <= float(out.stdout) <= 14.0
+
+
 def test_cpu_peak_memory_matches_the_n_by_n_matrices_naive_softmax_allocates():
     """softmax_naive holds the scores and the probabilities, two (8, 1024, 1024) fp32 matrices
     (32 MiB each), at once; Nyström-32 never forms anything n x n."""

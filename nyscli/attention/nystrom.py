@@ -15,6 +15,7 @@ from nyscli.attention.landmarks import (
     shared_segment_means,
 )
 from nyscli.attention.masking import check_qkv, masked_softmax
+from nyscli.attention.nystrom_cpu import fused_path_applies, fused_segment_means_nystrom
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
@@ -39,6 +40,10 @@ class NystromAttention(nn.Module):
         seed: random seed for ``landmarks="random"`` and the k-means start.
         causal: not supported; landmarks mix future tokens into every query.
     """
+
+    # Training on CPU without padding goes through one autograd node (``nystrom_cpu``); tests
+    # turn it off to compare with plain autograd.
+    fused_cpu_backward = True
 
     def __init__(
         self,
@@ -158,14 +163,33 @@ class NystromAttention(nn.Module):
         F W = SDPA(q, k~, W): the n x m and m x n kernels are never stored, so memory beyond
         the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
         """
+        if self.uses_fused_path(q, k, v, key_padding_mask):
+            return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
         w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
+        del q_land  # the last attention needs only k~ and W: at inference this frees m x d
         land_keep = None
         if exists is not None:
             # A sequence with no landmark at all would get an all-masked row (NaN); its W is
             # zero, so letting it attend to the empty landmarks gives the right zeros.
             land_keep = (exists | ~exists.any(dim=1, keepdim=True))[:, None, None, :]
         return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
+
+    def uses_fused_path(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+    ) -> bool:
+        """Whether training on CPU goes through ``nystrom_cpu``'s single autograd node."""
+        return (
+            self.fused_cpu_backward
+            and self.landmarks == "segment_means"
+            and key_padding_mask is None
+            and q.shape[2] % self.num_landmarks == 0
+            and fused_path_applies(q, k, v)
+        )
+
+    def landmark_inverse(self, q_land: Tensor, k_land: Tensor) -> Tensor:
+        """pinv(A): (B, H, m, m) for landmarks (B, H, m, d) that all exist."""
+        return self.pseudo_inverse(self.landmark_kernel(q_land, k_land, None))
 
     def landmark_values(
         self,
