@@ -36,6 +36,8 @@ def test_nan_dev_loss_is_never_best_and_names_the_last_finite_checkpoint(tmp_pat
     assert str(stopped.value).startswith(
         f"dev loss became nan at step 4; training stopped, last finite checkpoint: {last} (step 3)"
     )
+    # fp32 with clipping already on: the advice names only what is left to try
+    assert str(stopped.value).endswith("(step 3); lower trainer.lr")
     assert load_checkpoint(last)["step"] == 3
     assert load_checkpoint(tmp_path / "checkpoints" / BEST)["step"] == 2  # the finite one
 

@@ -332,10 +332,12 @@ class Trainer:
             kept = f"last finite checkpoint: {self.last_good[0]} (step {self.last_good[1]})"
         step = self.step + 1 if step is None else step
         at = f"at step {step}" if lr is None else f"at step {step} (lr {lr:.3g})"
-        return TrainingDiverged(
-            f"{what} {at}; training stopped, {kept}; "
-            "lower trainer.lr, add trainer.clip_grad_norm or use trainer.precision=fp32"
-        )
+        remedies = ["lower trainer.lr"]
+        if self.config.clip_grad_norm is None:
+            remedies.append("add trainer.clip_grad_norm")
+        if self.config.precision != "fp32":
+            remedies.append("use trainer.precision=fp32")
+        return TrainingDiverged(f"{what} {at}; training stopped, {kept}; {' or '.join(remedies)}")
 
     # ------------------------------------------------------------------ logging, eval
 
