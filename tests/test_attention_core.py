@@ -200,9 +200,7 @@ def test_mixed_batch_decides_exactness_per_sequence():
     small = [t[:2, :1, :9, :4].clone().requires_grad_() for t in (q, k, v)]
     mask = keep[:2, :9].clone()
     mask[0, 3:] = False  # 3 real tokens <= 4 landmarks: exact; the other 9 > 4: Nystrom
-    assert torch.autograd.gradcheck(
-        lambda a, b, c: nystrom(num_landmarks=4)(a, b, c, mask), small
-    )
+    assert torch.autograd.gradcheck(lambda a, b, c: nystrom(num_landmarks=4)(a, b, c, mask), small)
 
 
 @pytest.mark.parametrize("n,m", [(1000, 64), (1, 64), (7, 64), (65, 64), (129, 32)])
@@ -371,11 +369,7 @@ def test_head_groups_give_the_same_result_as_one_call():
 
 @pytest.mark.parametrize(
     "config",
-    [
-        {"name": name, **extra}
-        for name in available()
-        for extra in ({}, {"conv_kernel_size": 33})
-    ]
+    [{"name": name, **extra} for name in available() for extra in ({}, {"conv_kernel_size": 33})]
     + [{"name": "nystrom", "num_landmarks": 8, "landmarks": "kmeans"}],
 )
 def test_attention_label_matches_built_core(config: dict) -> None:

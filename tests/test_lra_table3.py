@@ -280,6 +280,7 @@ def test_pathfinder_generation_counts_progress_and_threads_cap_the_workers(monke
         yield advanced.append
 
     monkeypatch.setattr(pf, "progress_bar", recording_bar)
+
     def blank_chunk(job: tuple) -> dict[str, np.ndarray]:
         n = job[3]
         return {"labels": np.zeros(n, np.int64), "images": np.zeros((n, 1, 1)),

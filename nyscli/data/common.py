@@ -93,9 +93,7 @@ def read_text_file(path: Path, option: str, max_bad: float = 0.01) -> str:
     text = raw.decode("utf-8", errors="replace")
     bad = text.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
     if b"\x00" in raw or bad > max_bad * max(len(text), 1):
-        raise DataError(
-            f"{option}={path} is a binary file, not UTF-8 text; give a UTF-8 text file"
-        )
+        raise DataError(f"{option}={path} is a binary file, not UTF-8 text; give a UTF-8 text file")
     return text
 
 

@@ -95,9 +95,7 @@ def load_examples(task: DictConfig, data_dir: str | None, seed: int) -> dict[str
             splits = read_glue(source, name)
     except DataError as error:
         raise UserInputError(f"task={name}: {error}") from error
-    labelled = {
-        k: v for k, v in splits.items() if v.labels is not None and (v.labels >= 0).all()
-    }
+    labelled = {k: v for k, v in splits.items() if v.labels is not None and (v.labels >= 0).all()}
     require_examples({k: len(v.labels) for k, v in labelled.items()}, f"task={name}", source)
     return labelled
 

@@ -33,6 +33,7 @@ TABLE2: dict[str, dict[str, str]] = {
                               "mnli": "80.9/82.2", "imdb": "93.2", "imdb@1024": "93.0"},
 }  # fmt: skip
 
+
 def table1_rows(column: str, seq_lens: list[int]) -> list[tuple[str, list[str]]]:
     """(row name, cells at ``seq_lens``) of Table 1's ``column`` (peak_mb | time_ms); rows
     with no number at any of ``seq_lens`` are left out."""

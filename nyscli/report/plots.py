@@ -38,9 +38,7 @@ def loglog_panels(
 
     Rows with a missing y value (e.g. out of memory) are left out of their line.
     """
-    fig, axes = pyplot().subplots(
-        1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False
-    )
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (column, label) in zip(axes[0], panels, strict=True):
         for name, group in df.dropna(subset=[column]).groupby(line, sort=False):
             group = group.sort_values(x)
