@@ -38,6 +38,32 @@ def test_padding_tokens_do_not_change_the_logits(attention, pooling):
         torch.testing.assert_close(model(short_ids, short_mask), logits[2:], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_batch_without_padding_reaches_attention_unmasked_with_the_same_logits(pooling):
+    """No padding: the cores get key_padding_mask=None (their unmasked, faster paths) and the
+    logits equal those of the same batch sent through with the all-True mask."""
+    torch.manual_seed(0)
+    model = build_classifier(
+        vocab_size=20, max_len=24, num_classes=3, model={**MODEL, "pooling": pooling},
+        attention=NYSTROM,
+    ).double().eval()  # fmt: skip
+    seen = []
+    for block in model.encoder.blocks:
+        block.attention.core.register_forward_pre_hook(lambda _, args: seen.append(args[3]))
+    ids, mask = padded_batch([16, 16], 16)
+    logits = model(ids, mask)
+    assert seen and all(m is None for m in seen)
+    x, full = model.encoder.embeddings(ids, mask)
+    for block in model.encoder.blocks:
+        x = block(x, full)  # the masked path, as before
+    hidden = model.encoder.norm(x) * full.unsqueeze(-1)
+    assert all(m is not None for m in seen[len(model.encoder.blocks) :])
+    torch.testing.assert_close(model.head(pool(hidden, full, pooling)), logits, rtol=0, atol=1e-12)
+    seen.clear()
+    model(*padded_batch([16, 9], 16))
+    assert seen and all(m is not None for m in seen)
+
+
 def test_mean_pooling_averages_real_tokens_only():
     x = torch.arange(2 * 4 * 3, dtype=torch.float64).view(2, 4, 3)
     mask = torch.tensor([[True, True, False, False], [True, True, True, True]])

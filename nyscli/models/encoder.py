@@ -128,7 +128,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LN or post-LN block: (B, n, dim), mask (B, n) -> (B, n, dim)."""
+    """One pre-LN or post-LN block: (B, n, dim), mask (B, n) or None (no padding) -> (B, n, dim)."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -139,7 +139,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg.dim, cfg.ffn_dim, cfg.dropout, cfg.activation)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         if self.post:
             x = self.norm1(x + self.dropout(self.attention(x, mask)))
             return self.norm2(x + self.ffn(x))
@@ -170,7 +170,10 @@ class Encoder(nn.Module):
         self, ids: Tensor, mask: Tensor, segments: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         x, mask = self.embeddings(ids, mask, segments)
+        # A batch without padding (images, full-length text) tells attention so: the cores
+        # then take their unmasked paths (one check per batch, not per layer).
+        key_mask = None if bool(mask.all()) else mask
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x, key_mask)
         # Zeroing padded rows keeps anything downstream from reading them by accident.
         return self.norm(x) * mask.unsqueeze(-1), mask
