@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from nyscli.attention import MultiHeadAttention, build_attention
-from nyscli.experiments.memory import peak_mb
+from nyscli.experiments.memory import warm_peak_mb
 from nyscli.experiments.timing import time_call_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,16 +83,14 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
 
 
 def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, float, float]:
-    """Build the call, warm up, and measure the first call: (call, device, peak MB, its ms)."""
+    """Build the call, warm up, measure its memory, then time one call (which sizes the
+    repeats): (call, device, peak MB, that call's ms)."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
-    for _ in range(max(1, spec["warmup"])):
-        call()
-    times: list[float] = []
-    memory = peak_mb(lambda: times.append(time_call_ms(call, device)), device)
-    return call, device, memory, times[0]
+    memory = warm_peak_mb(call, device, max(1, spec["warmup"]))
+    return call, device, memory, time_call_ms(call, device)
 
 
 def summarize(times: list[float]) -> dict[str, Any]:

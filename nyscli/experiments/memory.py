@@ -3,10 +3,12 @@
 CPU: the caller runs each measurement in a fresh process. Before the call we collect garbage,
 return freed heap pages to the OS (``malloc_trim``) and reset the kernel's peak-RSS counter by
 writing 5 to /proc/self/clear_refs; the peak is VmHWM after the call minus RSS before it.
-During the call glibc gives every allocation of 128 KiB or more its own mapping, so a freed
-tensor leaves RSS at once and the peak counts the tensors alive together. With glibc's default
-(a heap that keeps freed blocks), Nyström-64 training at n = 8192 read 158 to 206 MB in four
-runs of the same point, depending on how the heap happened to be cut up; now 120-122 MB.
+``warm_peak_mb`` runs the warm-up calls and the measured one with every allocation of 128 KiB
+or more in its own mapping, so a freed tensor leaves RSS at once and the peak counts the
+tensors alive together. With glibc's default, freed blocks stay in its heap and are handed out
+again, and the peak depends on how the heap happened to be cut up: Nyström-64 training at
+n = 8192 read 158 to 206 MB in four runs of the same point; now 120-122 MB, as its tensors add
+up to.
 CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was allocated
 before the call (inputs and weights).
 """
@@ -53,8 +55,10 @@ def _release_free_heap(libc: ctypes.CDLL | None) -> None:
 
 
 @contextlib.contextmanager
-def _own_mappings(libc: ctypes.CDLL | None) -> Iterator[None]:
-    """Large allocations in their own mappings inside the block; glibc's steady state after."""
+def own_mappings() -> Iterator[None]:
+    """Allocations of 128 KiB or more get their own mappings inside the block; afterwards
+    glibc's thresholds are where its own adaptation takes them in a long job."""
+    libc = _glibc()
     if libc is None:
         yield
         return
@@ -62,21 +66,18 @@ def _own_mappings(libc: ctypes.CDLL | None) -> Iterator[None]:
     try:
         yield
     finally:
-        # The calls timed after this one then run as they would in a long job.
         libc.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_BYTES)
         libc.mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_BYTES)
 
 
 def cpu_peak_mb(call: Callable[[], object]) -> float:
     """Peak resident memory (MB) that ``call()`` adds above the process's RSS before it."""
-    libc = _glibc()
-    with _own_mappings(libc):
-        _release_free_heap(libc)
-        Path("/proc/self/clear_refs").write_text("5")
-        before = _status_kb("VmRSS")
-        result = call()
-        peak = _status_kb("VmHWM")
-        del result
+    _release_free_heap(_glibc())
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kb("VmRSS")
+    result = call()
+    peak = _status_kb("VmHWM")
+    del result
     return (peak - before) * 1024 / MB
 
 
@@ -94,7 +95,13 @@ def cuda_peak_mb(call: Callable[[], object], device: torch.device) -> float:
     return (peak - before) / MB
 
 
-def peak_mb(call: Callable[[], object], device: torch.device) -> float:
+def warm_peak_mb(call: Callable[[], object], device: torch.device, warmup: int) -> float:
+    """Run ``call`` ``warmup`` times, then return the peak memory (MB) of one more call."""
     if device.type == "cuda":
+        for _ in range(warmup):
+            call()
         return cuda_peak_mb(call, device)
-    return cpu_peak_mb(call)
+    with own_mappings():  # from the first call on, or blocks freed before stay in the heap
+        for _ in range(warmup):
+            call()
+        return cpu_peak_mb(call)
