@@ -282,6 +282,11 @@ class Task:
         try:
             module.validate(cfg)
             df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
+        except TrainingInterrupted as stop:
+            if main:  # the folder then tells `nys report` where it stopped and how to resume
+                with contextlib.suppress(OSError):
+                    write_text(stop.message + "\n", run_dir / ERROR_FILE)
+            raise
         except (*USER_ERRORS, OSError) as error:
             message = fault_line(error)
             with contextlib.suppress(OSError):  # the disk may be the very thing that failed

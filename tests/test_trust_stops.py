@@ -94,6 +94,7 @@ def test_an_interrupted_run_says_where_to_resume_and_leaves_its_checkpoint_intac
     step = load_checkpoint(run / "checkpoints" / LAST)["step"]  # intact and readable
     assert f"(step {step})" in line and step >= 1
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+    assert (run / "error.txt").read_text().strip() == line.removeprefix("error: ")
     if signum == signal.SIGINT:  # the printed command continues the run
         resume = shlex.split(line.split("resume with: ", 1)[1])
         assert resume[0] == "nys" and resume[-1] == f"resume={run}"
