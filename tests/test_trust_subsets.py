@@ -58,7 +58,10 @@ def test_a_constant_predictor_scores_the_majority_rate_not_100_percent():
     balance = ClassBalance.of(subset.labels, num_classes=2)
     assert (balance.majority_rate, balance.chance_rate, balance.classes_present) == (0.5, 0.5, 2)
     assert balance.flag(constant) == "= majority"
-    assert balance.flag(0.55) == ""
+    # 20 examples: one more right answer than a constant predictor is luck, not skill
+    assert balance.flag(0.55) == "≈ majority" and balance.flag(0.75) == ""
+    large = ClassBalance.of(np.arange(5000) % 2, num_classes=2)  # s.e. of 50% on 5,000: 0.71%
+    assert large.flag(0.5048) == "≈ majority" and large.flag(0.52) == ""
     prefix = ClassBalance.of(dataset.labels[:20], num_classes=2)
     assert prefix.flag(1.0) == "single class, = majority"
 
@@ -150,7 +153,7 @@ def test_results_row_flags_a_majority_result_and_a_single_class_dev_set(caplog):
     test = ClassBalance.of(np.array([0, 0, 0, 1]), num_classes=2)
     dev = ClassBalance.of(np.array([1, 1]), num_classes=2)
     assert baseline_fields(test, 0.5, "test") == {
-        "majority_rate": 0.75, "chance_rate": 0.5, "flag": None
+        "majority_rate": 0.75, "chance_rate": 0.5, "flag": "< majority"
     }  # fmt: skip
     with caplog.at_level("WARNING"):
         fields = baseline_fields(test, 0.75, "test", dev)

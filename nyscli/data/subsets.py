@@ -90,17 +90,22 @@ class ClassBalance:
 
         ``single class`` when the set holds one class only; ``= majority`` when ``accuracy``
         is the majority-class rate (the same number of correct examples: what a constant
-        predictor scores).
+        predictor scores); ``< majority`` below it; ``≈ majority`` when it is less than two
+        standard errors above it (binomial, on this many examples): not shown to beat a
+        constant predictor.
         """
         flags = []
         if self.classes_present <= 1:
             flags.append("single class")
-        if (
-            accuracy is not None
-            and np.isfinite(accuracy)
-            and abs(accuracy - self.majority_rate) * self.examples < 0.5
-        ):
+        if accuracy is None or not np.isfinite(accuracy):
+            return ", ".join(flags)
+        majority = self.majority_rate
+        if abs(accuracy - majority) * self.examples < 0.5:
             flags.append("= majority")
+        elif accuracy < majority:
+            flags.append("< majority")
+        elif accuracy - majority < 2 * np.sqrt(majority * (1 - majority) / self.examples):
+            flags.append("≈ majority")
         return ", ".join(flags)
 
     def describe(self, name: str) -> str:
