@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nyscli.attention.landmarks import shared_segment_means
+
 _flash_forward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _flash_backward = getattr(
     torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
@@ -39,18 +41,12 @@ def fused_path_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def segment_sum_mean(x: Tensor, m: int) -> Tensor:
-    """Means of m equal contiguous segments of x: (B, H, n, d) -> (B, H, m, d), m divides n."""
-    b, h, n, d = x.shape
-    return x.reshape(b, h, m, n // m, d).sum(dim=-2) / (n // m)
-
-
 class _FusedNystrom(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, m: int, inverse: LandmarkInverse
     ) -> Tensor:
-        q_land, k_land = segment_sum_mean(q, m), segment_sum_mean(k, m)
+        q_land, k_land = shared_segment_means(q, m)[1], shared_segment_means(k, m)[1]
         z = inverse(q_land, k_land)  # (B, H, m, m)
         bv, lse_land = _flash_forward(q_land, k, v)  # (B, H, m, d), (B, H, m)
         w = (z @ bv.to(z.dtype)).to(v.dtype)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ OWN_MAPPING_BYTES = 128 * 1024
 STEADY_MMAP_BYTES, STEADY_TRIM_BYTES = 32 * MB, 64 * MB
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     # Without glibc the peak is still right, only less tight.
     try:
@@ -48,8 +50,9 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
-def _release_free_heap(libc: ctypes.CDLL | None) -> None:
+def _release_free_heap() -> None:
     gc.collect()
+    libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
 
@@ -72,7 +75,7 @@ def own_mappings() -> Iterator[None]:
 
 def cpu_peak_mb(call: Callable[[], object]) -> float:
     """Peak resident memory (MB) that ``call()`` adds above the process's RSS before it."""
-    _release_free_heap(_glibc())
+    _release_free_heap()
     Path("/proc/self/clear_refs").write_text("5")
     before = _status_kb("VmRSS")
     result = call()
