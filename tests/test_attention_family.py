@@ -221,6 +221,34 @@ def test_linformer_refuses_inputs_longer_than_max_seq_len():
         build("linformer", proj_dim=2, max_seq_len=8)(q, k, v)
 
 
+@pytest.mark.parametrize(("n", "k", "extra"), [(12, 12, 0), (12, 6, 0), (12, 4, 0), (9, 3, 6)])
+def test_linformer_conversion_init_averages_segments(n, k, extra):
+    """E = F = averages of k equal runs of max_seq_len positions: softmax over averaged K, V.
+
+    With extra columns (max_seq_len > n) the runs are those of max_seq_len; n = 9 of 15
+    positions fill the first 3 of 3 runs of 5 only partly, so the expected keys are sums / 5.
+    """
+    q, k_, v = qkv(2, 2, n, 5, seed=n + k)
+    core = LinformerAttention(proj_dim=k, max_seq_len=n + extra).double()
+    core.init_for_conversion()
+    width = (n + extra) // k
+    pooled = [
+        torch.nn.functional.pad(x, (0, 0, 0, width * k - n)).unflatten(2, (k, width)).sum(3) / width
+        for x in (k_, v)
+    ]
+    keep = torch.ones(n, k, dtype=torch.bool)
+    expected = reference_attention(q @ pooled[0].transpose(-1, -2) / math.sqrt(5), keep, pooled[1])
+    torch.testing.assert_close(core(q, k_, v), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_linformer_conversion_init_with_k_equal_n_is_exact_softmax():
+    q, k, v = qkv(1, 3, 10, 4, seed=3)
+    core = LinformerAttention(proj_dim=10, max_seq_len=10).double()
+    core.init_for_conversion()
+    expected = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(core(q, k, v), expected, rtol=1e-10, atol=1e-12)
+
+
 def test_linformer_default_init_is_n_0_1_over_k():
     core = build("linformer", small=False)
     assert core.proj_k.shape == (256, 16384)

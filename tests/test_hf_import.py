@@ -161,12 +161,36 @@ def test_surgery_keeps_weights_and_nystrom_with_enough_landmarks_is_exact(tmp_pa
         assert torch.allclose(nystrom.encoder.double()(ids, mask, segments), exact, atol=1e-10)
         few = with_attention(softmax.encoder, {"name": "nystrom", "num_landmarks": 2})
         assert not torch.allclose(few.double()(ids, mask, segments), exact, atol=1e-3)
-    # Linformer brings its own projections: absent from the checkpoint, freshly initialised.
+    # Linformer brings its own projections: absent from the checkpoint, they start as segment
+    # averages (each of the 4 rows averages 10 of the 40 positions).
     linformer = import_bert(f"hf:{folder}", {"name": "linformer", "proj_dim": 4, "max_seq_len": 40})
     assert torch.equal(
         linformer.encoder.encoder.blocks[0].attention.qkv.weight,
         softmax.encoder.encoder.blocks[0].attention.qkv.weight.float(),
     )
+    averages = torch.repeat_interleave(torch.eye(4), 10, dim=1) / 10
+    for block in linformer.encoder.encoder.blocks:
+        torch.testing.assert_close(block.attention.core.proj_k, averages, rtol=0, atol=0)
+        torch.testing.assert_close(block.attention.core.proj_v, averages, rtol=0, atol=0)
+
+
+def test_converted_conv_skip_starts_at_zero_and_trained_filters_are_kept(tmp_path) -> None:
+    """A checkpoint without the Nyström conv skip converts to exactly its core (zero filter);
+    a model that has trained filters keeps them through attention surgery."""
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    softmax = import_bert(f"hf:{folder}", {"name": "softmax"})
+    config = {"name": "nystrom", "num_landmarks": 64, "pinv": "exact", "conv_kernel_size": 3}
+    nystrom = import_bert(f"hf:{folder}", config)
+    ids, mask, segments = batch(softmax.tokenizer, ["good film", "the plot was very dull"])
+    with torch.no_grad():
+        exact = softmax.encoder.double()(ids, mask, segments)
+        assert torch.allclose(nystrom.encoder.double()(ids, mask, segments), exact, atol=1e-10)
+        skips = [b.attention.conv_skip.conv.weight for b in nystrom.encoder.encoder.blocks]
+        for weight in skips:
+            weight.fill_(0.5)
+        copy = with_attention(nystrom.encoder, {**config, "num_landmarks": 2})
+    for block in copy.encoder.blocks:
+        assert torch.equal(block.attention.conv_skip.conv.weight, torch.full_like(skips[0], 0.5))
 
 
 def test_bad_checkpoints_are_one_line_user_errors(tmp_path: Path) -> None:

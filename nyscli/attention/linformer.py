@@ -42,6 +42,24 @@ class LinformerAttention(nn.Module):
     def label(self) -> str:
         return f"linformer-{self.proj_dim}"
 
+    @torch.no_grad()
+    def init_for_conversion(self) -> None:
+        """E = F = segment averaging, for a model converted from a softmax checkpoint.
+
+        Row i averages the i-th of ``proj_dim`` near-equal runs of ``max_seq_len`` positions, so
+        the converted model starts from softmax attention over averaged neighbouring keys and
+        values (exact softmax attention when ``proj_dim == max_seq_len``). The paper's random
+        N(0, 1/k) start mixes every token into every key: a pretrained model's attention is lost
+        and fine-tuning from it stayed at chance on IMDB.
+        """
+        bounds = torch.linspace(0, self.max_seq_len, self.proj_dim + 1).round().long()
+        position = torch.arange(self.max_seq_len)
+        rows = (position >= bounds[:-1, None]) & (position < bounds[1:, None])  # (k, max_seq_len)
+        rows = rows.to(self.proj_k.dtype)
+        average = rows / rows.sum(dim=1, keepdim=True).clamp(min=1)
+        self.proj_k.copy_(average)
+        self.proj_v.copy_(average)
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:

@@ -31,6 +31,13 @@ class ValueConvSkip(nn.Module):
         self.kernel_size = kernel_size
         self.conv = nn.Conv2d(num_heads, num_heads, (kernel_size, 1), groups=num_heads, bias=False)
 
+    def init_for_conversion(self) -> None:
+        """Zero filter: a model converted from a checkpoint without the skip starts as its core.
+
+        PyTorch's default init would add a random local mix of V to every pretrained layer.
+        """
+        nn.init.zeros_(self.conv.weight)
+
     def forward(self, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         v = zero_padded(v, key_padding_mask)
         b, h, n, d = v.shape

@@ -93,7 +93,8 @@ class BertEncoder(nn.Module):
 
 
 # Parameters an attention variant brings itself (Linformer's projections, the Nyström conv
-# skip): a checkpoint trained with another attention has none, so they keep their fresh init.
+# skip): a checkpoint trained with another attention has none, so they start from the
+# variant's ``init_for_conversion`` where it has one (else from their fresh init).
 ATTENTION_OWN = (".attention.core.", ".attention.conv_skip.")
 
 
@@ -106,20 +107,24 @@ def load_across_attention(module: nn.Module, state: Mapping[str, Tensor]) -> lis
     """Load ``state`` into ``module`` whose attention may differ from the one it was saved with.
 
     Only the attention variants' own parameters may be missing or left over (returned, sorted);
-    anything else that does not fit raises ValueError naming up to three keys.
+    anything else that does not fit raises ValueError naming up to three keys. A submodule whose
+    own parameters were missing is given its ``init_for_conversion()``, if it has one.
     """
     missing, unexpected = module.load_state_dict(state, strict=False)
     wrong = [k for k in (*missing, *unexpected) if not is_attention_own(k)]
     if wrong:
         raise ValueError(f"weights do not fit the model ({', '.join(wrong[:3])})")
+    for name, sub in module.named_modules():
+        if hasattr(sub, "init_for_conversion") and any(k.startswith(f"{name}.") for k in missing):
+            sub.init_for_conversion()
     return sorted((*missing, *unexpected))
 
 
 def with_attention(encoder: BertEncoder, attention: Mapping[str, Any]) -> BertEncoder:
     """A copy of ``encoder`` with ``attention`` as its core (attention surgery), same weights.
 
-    The new variant's own parameters (if any) keep their fresh init; the result is in the
-    same train/eval mode as ``encoder``.
+    The new variant's own parameters (if any) start from its conversion init; the result is in
+    the same train/eval mode as ``encoder``.
     """
     config = dataclasses.replace(encoder.config, attention=dict(attention))
     swapped = BertEncoder(config)
