@@ -442,10 +442,12 @@ def test_yaml_lists_exactly_the_options(name):
     import inspect
     from pathlib import Path
 
-    import yaml
+    from omegaconf import OmegaConf
 
     path = Path(__file__).resolve().parents[1] / "conf" / "attention" / f"{name}.yaml"
-    config = yaml.safe_load(path.read_text())
+    # Resolved in a config without task or model: defaults that follow them fall back.
+    root = OmegaConf.create({"attention": OmegaConf.load(path)})
+    config = OmegaConf.to_container(root.attention, resolve=True)
     cls = type(build_attention(config))
     options = set(inspect.signature(cls.__init__).parameters) - {"self", "causal"}
     assert set(config) - {"name", "conv_kernel_size", "causal"} == options

@@ -137,3 +137,14 @@ def test_a_user_config_folder_adds_options_beside_the_packaged_ones(tmp_path):
     assert compose("bench", ["attention=softmax"], str(user)).attention.name == "softmax"
     with pytest.raises(UserInputError, match="is not a directory"):
         validate_jobs("bench", [], multirun=False, config_dir=str(tmp_path / "nope"))
+
+
+def test_linformer_projections_are_sized_for_the_commands_longest_input():
+    assert compose("lra", ["task=listops", "attention=linformer"]).attention.max_seq_len == 2000
+    lra_text = compose("lra", ["task=text", "task.max_len=1000", "attention=linformer"])
+    assert lra_text.attention.max_seq_len == 1000
+    assert compose("finetune", ["attention=linformer"]).attention.max_seq_len == 128
+    assert compose("pretrain", ["attention=linformer"]).attention.max_seq_len == 512
+    assert compose("bench", ["attention=linformer"]).attention.max_seq_len == 16384
+    chosen = compose("lra", ["attention=linformer", "attention.max_seq_len=300"])
+    assert chosen.attention.max_seq_len == 300
