@@ -267,6 +267,19 @@ def test_load_generated(tmp_path: Path) -> None:
         assert (ids[row, n:] == 0).all()
 
 
+@pytest.mark.parametrize("damage", [b"garbage\tnot a label\n", b""])
+def test_damaged_cache_file_is_generated_again(tmp_path, caplog, damage) -> None:
+    cfg = lo.ListOpsConfig(min_len=10, max_len=50, n_train=8, n_val=4, n_test=3)
+    before = lo.load_listops(cache_dir=tmp_path, config=cfg)
+    (path,) = tmp_path.glob("listops-*/basic_val-4.tsv")
+    path.write_bytes(damage)
+    after = lo.load_listops(cache_dir=tmp_path, config=cfg)
+    assert f"{path}: cache file cannot be read" in caplog.text
+    for i in range(4):
+        assert np.array_equal(after.val[i][0].numpy(), before.val[i][0].numpy())
+        assert after.val[i][1] == before.val[i][1]
+
+
 def test_missing_paths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         lo.load_listops(tmp_path / "nope")

@@ -151,6 +151,19 @@ def test_cached_splits_and_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert ids.shape == (3, 1024) and bool(mask.all())
 
 
+@pytest.mark.parametrize("damage", ["truncated", "missing_array"])
+def test_damaged_cache_file_is_generated_again(tmp_path, caplog, damage) -> None:
+    path = pf.ensure_pathfinder_files(tmp_path, CFG)["val"]
+    before = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(before[: len(before) // 2])
+    else:
+        np.savez(path.open("wb"), images=np.zeros((6, 32, 32), np.uint8))  # no labels
+    task = pf.load_pathfinder(config=CFG, cache_dir=tmp_path)
+    assert f"{path}: cache file cannot be read" in caplog.text
+    assert path.read_bytes() == before and len(task.val) == 6
+
+
 def test_bad_difficulty() -> None:
     with pytest.raises(DataError, match="difficulty"):
         pf.load_pathfinder(difficulty="medium")

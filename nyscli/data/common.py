@@ -17,14 +17,16 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import pickle
 import tarfile
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +34,9 @@ from torch.utils.data import Dataset
 
 from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PAD_ID = 0
 BYTE_OFFSET = 1
@@ -390,6 +395,33 @@ def ensure_generated(
             make(path, split)
         paths[split] = path
     return paths
+
+
+# What reading a damaged file raises: our own format errors, and numpy's on a bad npz.
+DAMAGED_FILE_ERRORS = (DataError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+def require_rows(path: Path, rows: int, expected: int) -> None:
+    """A DataError naming ``path`` unless it held ``expected`` examples (a truncated file
+    can still parse)."""
+    if rows != expected:
+        raise DataError(f"{path}: {rows} examples where {expected} were written")
+
+
+def read_cached(path: Path, read: Callable[[Path], T], rebuild: Callable[[], Path]) -> T:
+    """``read(path)`` of a file that nys generated into a cache; a file that cannot be read is
+    deleted and ``rebuild()`` (which must write it again and return its path) runs once.
+
+    Cache files are written atomically, so a damaged one was changed from outside (a disk
+    fault, a hand edit); regenerating is what a cache should do, and a rebuilt file that still
+    fails raises as usual, naming it.
+    """
+    try:
+        return read(path)
+    except DAMAGED_FILE_ERRORS as error:
+        log.warning("%s: cache file cannot be read (%s); generating it again", path, error)
+        path.unlink(missing_ok=True)
+        return read(rebuild())
 
 
 def seeded_permutation(n: int, seed: int) -> np.ndarray:

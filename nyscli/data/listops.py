@@ -42,6 +42,7 @@ Choices made here (documented differences):
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -61,9 +62,11 @@ from nyscli.data.common import (
     SequenceClassificationDataset,
     TaskData,
     ensure_generated,
+    read_cached,
     reading,
     require_file,
     require_path,
+    require_rows,
 )
 
 MIN, MAX, MED, SM, END = "[MIN", "[MAX", "[MED", "[SM", "]"
@@ -496,16 +499,32 @@ def load_listops(
     ``data_dir`` None: generate (or reuse) files in ``cache_dir`` with ``config``.
     The collate truncates to ``max_len`` and pads with id 0.
     """
+
+    def read(path: Path) -> tuple[RaggedSequences, np.ndarray]:
+        return read_listops_tsv(path, keep_parens=keep_parens)
+
     if data_dir is not None:
-        paths = official_split_paths(data_dir)
+        arrays = {split: read(path) for split, path in official_split_paths(data_dir).items()}
         dataset = "ListOps (release)"
     else:
-        paths = ensure_listops_files(cache_dir, config or ListOpsConfig())
+        cfg = config or ListOpsConfig()
+
+        def rebuild(split: str) -> Path:
+            return ensure_listops_files(cache_dir, cfg, (split,))[split]
+
+        def read_whole(split: str, path: Path) -> tuple[RaggedSequences, np.ndarray]:
+            seqs, labels = read(path)
+            require_rows(path, len(labels), cfg.split_size(split))
+            return seqs, labels
+
+        arrays = {
+            split: read_cached(
+                path, functools.partial(read_whole, split), functools.partial(rebuild, split)
+            )
+            for split, path in ensure_listops_files(cache_dir, cfg).items()
+        }
         dataset = "ListOps (generated)"
-    sets = {}
-    for split, path in paths.items():
-        seqs, labels = read_listops_tsv(path, keep_parens=keep_parens)
-        sets[split] = SequenceClassificationDataset(seqs, labels)
+    sets = {split: SequenceClassificationDataset(*pair) for split, pair in arrays.items()}
     collate = ClassificationCollate(max_len, PAD_ID, pad_to_max_len)
     return TaskData.from_splits(sets, VOCAB_SIZE, NUM_CLASSES, collate, dataset)
 

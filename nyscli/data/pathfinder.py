@@ -54,6 +54,7 @@ rows is accepted too.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -77,8 +78,10 @@ from nyscli.data.common import (
     image_dataset,
     keyed_cache_dir,
     progress_bar,
+    read_cached,
     reading,
     require_path,
+    require_rows,
     split_counts,
 )
 
@@ -607,9 +610,19 @@ def _release_arrays(
         "format": "pathfinder-release-v1",
     }
     path = keyed_cache_dir(cache_dir, "pathfinder-release", key) / "all.npz"
-    if not path.exists():
+
+    def build() -> Path:
         images, labels = read_pathfinder_release(root, difficulty)
         atomic_save_npz(path, images=images, labels=labels)
+        return path
+
+    if not path.exists():
+        build()
+    return read_cached(path, _read_images, build)
+
+
+def _read_images(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images (n, H, W) uint8, labels (n,)) of a cached npz."""
     with np.load(path) as z:
         return z["images"], z["labels"]
 
@@ -645,10 +658,24 @@ def load_pathfinder(
                 allowed = ", ".join(DIFFICULTY_CONTOUR_LENGTH)
                 raise DataError(f"pathfinder: difficulty={difficulty}; expected one of {allowed}")
             config = PathfinderConfig(contour_length=DIFFICULTY_CONTOUR_LENGTH[difficulty])
-        sets = {}
-        for split, path in ensure_pathfinder_files(cache_dir, config, workers=workers).items():
-            with np.load(path) as z:
-                sets[split] = image_dataset(z["images"], z["labels"])
+        cfg = config
+
+        def rebuild(split: str) -> Path:
+            return ensure_pathfinder_files(cache_dir, cfg, (split,), workers)[split]
+
+        def read_whole(split: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
+            images, labels = _read_images(path)
+            require_rows(path, len(labels), cfg.split_size(split))
+            return images, labels
+
+        paths = ensure_pathfinder_files(cache_dir, cfg, workers=workers)
+        arrays = {
+            split: read_cached(
+                path, functools.partial(read_whole, split), functools.partial(rebuild, split)
+            )
+            for split, path in paths.items()
+        }
+        sets = {split: image_dataset(*pair) for split, pair in arrays.items()}
         seq_len = config.image_size**2
         dataset = f"Pathfinder-{config.image_size} {difficulty} (generated)"
     collate = ClassificationCollate(seq_len)
