@@ -208,6 +208,11 @@ def test_busy_hint_names_threads_when_load_exceeds_free_cores(monkeypatch):
     assert hint is not None and "7.5" in hint and "threads=1" in hint
     monkeypatch.setattr("os.getloadavg", lambda: (0.5, 0.0, 0.0))
     assert busy_hint(1) is None
+    assert busy_hint(2) is None  # the decaying average of a job that just ended
+    monkeypatch.setattr("os.getloadavg", lambda: (1.1, 0.0, 0.0))
+    assert busy_hint(2) is not None and busy_hint(1) is None
+    monkeypatch.setattr("os.getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert busy_hint(1) is not None
 
 
 def test_real_workers_measure_two_rows_interleaved():

@@ -202,7 +202,9 @@ def busy_hint(threads: int) -> str | None:
     """A one-line warning when other jobs already use the cores this bench needs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0]
-    if not cores or load <= cores - threads:
+    # Half a core of slack: the 1-minute average decays slowly after a job ends (an idle
+    # machine read 0.3 a minute later), while one more busy process adds about 1.
+    if not cores or load <= cores - threads + 0.5:
         return None
     advice = "set threads=1 (fewer cores to share) and " if threads > 1 else ""
     return (
