@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -401,13 +402,6 @@ def ensure_generated(
 DAMAGED_FILE_ERRORS = (DataError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
-def require_rows(path: Path, rows: int, expected: int) -> None:
-    """A DataError naming ``path`` unless it held ``expected`` examples (a truncated file
-    can still parse)."""
-    if rows != expected:
-        raise DataError(f"{path}: {rows} examples where {expected} were written")
-
-
 def read_cached(path: Path, read: Callable[[Path], T], rebuild: Callable[[], Path]) -> T:
     """``read(path)`` of a file that nys generated into a cache; a file that cannot be read is
     deleted and ``rebuild()`` (which must write it again and return its path) runs once.
@@ -422,6 +416,34 @@ def read_cached(path: Path, read: Callable[[Path], T], rebuild: Callable[[], Pat
         log.warning("%s: cache file cannot be read (%s); generating it again", path, error)
         path.unlink(missing_ok=True)
         return read(rebuild())
+
+
+def read_generated_splits(
+    cfg: GeneratorConfig,
+    ensure: Callable[[tuple[str, ...]], dict[str, Path]],
+    read: Callable[[Path], tuple[Any, np.ndarray]],
+) -> dict[str, tuple[Any, np.ndarray]]:
+    """``{split: (data, labels)}`` of every split of a generated task.
+
+    ``ensure(splits)`` returns the cached files, generating missing ones; ``read(path)`` reads
+    one. A file that cannot be read, or holds other than ``cfg.split_size(split)`` examples (a
+    truncated file can still parse), is generated again once (:func:`read_cached`).
+    """
+
+    def read_whole(split: str, path: Path) -> tuple[Any, np.ndarray]:
+        data, labels = read(path)
+        if len(labels) != cfg.split_size(split):
+            raise DataError(
+                f"{path}: {len(labels)} examples where {cfg.split_size(split)} were written"
+            )
+        return data, labels
+
+    return {
+        split: read_cached(
+            path, functools.partial(read_whole, split), lambda split=split: ensure((split,))[split]
+        )
+        for split, path in ensure(SPLITS).items()
+    }
 
 
 def seeded_permutation(n: int, seed: int) -> np.ndarray:

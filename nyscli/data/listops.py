@@ -42,7 +42,6 @@ Choices made here (documented differences):
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Iterator
@@ -62,11 +61,10 @@ from nyscli.data.common import (
     SequenceClassificationDataset,
     TaskData,
     ensure_generated,
-    read_cached,
+    read_generated_splits,
     reading,
     require_file,
     require_path,
-    require_rows,
 )
 
 MIN, MAX, MED, SM, END = "[MIN", "[MAX", "[MED", "[SM", "]"
@@ -508,21 +506,9 @@ def load_listops(
         dataset = "ListOps (release)"
     else:
         cfg = config or ListOpsConfig()
-
-        def rebuild(split: str) -> Path:
-            return ensure_listops_files(cache_dir, cfg, (split,))[split]
-
-        def read_whole(split: str, path: Path) -> tuple[RaggedSequences, np.ndarray]:
-            seqs, labels = read(path)
-            require_rows(path, len(labels), cfg.split_size(split))
-            return seqs, labels
-
-        arrays = {
-            split: read_cached(
-                path, functools.partial(read_whole, split), functools.partial(rebuild, split)
-            )
-            for split, path in ensure_listops_files(cache_dir, cfg).items()
-        }
+        arrays = read_generated_splits(
+            cfg, lambda splits: ensure_listops_files(cache_dir, cfg, splits), read
+        )
         dataset = "ListOps (generated)"
     sets = {split: SequenceClassificationDataset(*pair) for split, pair in arrays.items()}
     collate = ClassificationCollate(max_len, PAD_ID, pad_to_max_len)

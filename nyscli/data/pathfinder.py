@@ -54,7 +54,6 @@ rows is accepted too.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -79,9 +78,9 @@ from nyscli.data.common import (
     keyed_cache_dir,
     progress_bar,
     read_cached,
+    read_generated_splits,
     reading,
     require_path,
-    require_rows,
     split_counts,
 )
 
@@ -659,22 +658,11 @@ def load_pathfinder(
                 raise DataError(f"pathfinder: difficulty={difficulty}; expected one of {allowed}")
             config = PathfinderConfig(contour_length=DIFFICULTY_CONTOUR_LENGTH[difficulty])
         cfg = config
-
-        def rebuild(split: str) -> Path:
-            return ensure_pathfinder_files(cache_dir, cfg, (split,), workers)[split]
-
-        def read_whole(split: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
-            images, labels = _read_images(path)
-            require_rows(path, len(labels), cfg.split_size(split))
-            return images, labels
-
-        paths = ensure_pathfinder_files(cache_dir, cfg, workers=workers)
-        arrays = {
-            split: read_cached(
-                path, functools.partial(read_whole, split), functools.partial(rebuild, split)
-            )
-            for split, path in paths.items()
-        }
+        arrays = read_generated_splits(
+            cfg,
+            lambda splits: ensure_pathfinder_files(cache_dir, cfg, splits, workers),
+            _read_images,
+        )
         sets = {split: image_dataset(*pair) for split, pair in arrays.items()}
         seq_len = config.image_size**2
         dataset = f"Pathfinder-{config.image_size} {difficulty} (generated)"
