@@ -95,9 +95,10 @@ def bench(
     attention_set: str = typer.Option(
         None, help="Rows to measure: table1, all, none (plus attention=... if given)."
     ),
-    scope: str = typer.Option(
+    scope: list[str] = typer.Option(
         None,
-        help="module (projections + attention, the paper's protocol) or core (q,k,v -> out only).",
+        help="module (projections + attention, the paper's protocol), core (q,k,v -> out only) "
+        "or projections (the module around its core); repeat to time several side by side.",
     ),
     mode: str = typer.Option(None, help="forward (inference) or train (forward + backward)."),
     dtype: str = typer.Option(None, help="fp32, bf16 or fp16 (bf16/fp16 via autocast)."),
@@ -110,7 +111,7 @@ def bench(
     typed = {
         "seq_lens": _list(seq_len) if seq_len else None,
         "attention_set": attention_set,
-        "scope": scope,
+        "scope": _list(scope) if scope and len(scope) > 1 else (scope or [None])[0],
         "mode": mode,
         "dtype": dtype,
         "device": device,

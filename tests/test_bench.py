@@ -131,6 +131,45 @@ def test_table_shows_values_and_ratios_to_the_baseline_row():
     assert "OOM" in text
 
 
+def test_several_scopes_get_ratios_within_their_scope_and_the_module_overhead_row():
+    times = {  # (attention, scope) -> ms at n = 1024
+        ("softmax (SDPA)", "module"): 120.0,
+        ("softmax (SDPA)", "projections"): 40.0,
+        ("softmax (SDPA)", "core"): 80.0,
+        ("nystrom-64", "module"): 66.0,
+        ("nystrom-64", "projections"): 40.0,
+        ("nystrom-64", "core"): 20.0,
+    }
+    context = {k: v for k, v in SPEC.items() if k not in ("scope", "memory_limit_mb")}
+    rows = [
+        {
+            **context,
+            "attention": attention,
+            "method": attention.split(" ")[0].split("-")[0],
+            "scope": scope,
+            "seq_len": 1024,
+            "time_ms": ms,
+            "peak_mb": 1.0,
+            "status": "ok",
+            "baseline": "softmax",
+        }
+        for (attention, scope), ms in times.items()
+    ]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(pd.DataFrame(rows)))
+    lines = console.export_text().split("Time (ms")[1].splitlines()
+
+    def line(start):
+        [found] = [x for x in lines if x.strip("│ ").startswith(start)]
+        return found
+
+    assert "20.0 (0.25×)" in line("nystrom-64 [core]")  # 20 / softmax's core 80, not its module
+    assert "66.0 (0.55×)" in line("nystrom-64 [module]")
+    assert "40.0 (1×)" in line("nystrom-64 [projections]")
+    assert "1.10×" in line("nystrom-64: module / (projections + core)")  # 66 / (40 + 20)
+    assert "1.00×" in line("softmax (SDPA): module / (projections + core)")
+
+
 class FakeWorker:
     """Stands in for a bench worker process: scripted times, and a shared log of call order."""
 

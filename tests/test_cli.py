@@ -58,6 +58,17 @@ def test_single_bench_run_writes_a_complete_run_folder(run_nys, tmp_path):
     assert len(run_dirs(tmp_path / "outputs" / "bench")) == 2
 
 
+def test_several_scopes_are_timed_side_by_side_in_one_run(run_nys, tmp_path):
+    scopes = ["--scope", "module", "--scope", "projections", "--scope", "core"]
+    done = run_nys("bench", "-n", "64", *scopes, "attention_set=none", "attention=softmax", *TINY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(tmp_path / "outputs" / "bench")
+    df = pd.read_csv(run / "results.csv")
+    assert list(df.scope) == ["module", "projections", "core"]
+    assert (df.status == "ok").all() and (df.attention == "softmax (SDPA)").all()
+    assert "softmax (SDPA): module / (projections + core)" in done.stdout
+
+
 def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_job(
     run_nys, tmp_path
 ):
@@ -89,6 +100,7 @@ def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_
         (["--seq-len", "-5"], "seq_lens=[-5]"),
         (["no_such_key=1"], "Could not override 'no_such_key'"),
         (["scope=everything"], "scope=everything"),
+        (["--scope", "core", "--scope", "core"], "scope=[core,core]"),
         (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),
     ],
 )

@@ -43,7 +43,7 @@ RULES: dict[str, schema.Rule] = {
     "batch_size": schema.COUNT,
     "hidden": schema.COUNT,
     "num_heads": schema.COUNT,
-    "scope": schema.Choice(values=SCOPES),
+    "scope": schema.ChoiceList(values=SCOPES),
     "mode": schema.Choice(values=MODES),
     "dtype": schema.Choice(values=tuple(DTYPES)),
     "device": schema.Choice(values=DEVICES),
@@ -89,6 +89,12 @@ def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, An
     for row in rows:
         unique.setdefault(attention_label(row), row)
     return list(unique.values())
+
+
+def scopes_of(cfg: DictConfig) -> list[str]:
+    """``scope`` as a list: one scope, or several measured side by side in one run."""
+    scope = cfg.scope
+    return [str(scope)] if isinstance(scope, str) else [str(s) for s in scope]
 
 
 def validate(cfg: DictConfig) -> None:
@@ -146,12 +152,19 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if cfg.threads:  # the workers use it; set here too so env.json and the table agree
         torch.set_num_threads(int(cfg.threads))
     rows = attention_rows(cfg, include_selected=user_selected_attention())
+    labels = [attention_label(row) for row in rows]
+    # Every (attention, scope) pair of one n is timed interleaved with the others, so a
+    # module's time can be set against its projections' and its core's from the same rounds.
+    points = [
+        (row, label, scope)
+        for scope in scopes_of(cfg)
+        for row, label in zip(rows, labels, strict=True)
+    ]
     seq_lens = sorted(set(cfg.seq_lens))
     common = {
         "batch_size": cfg.batch_size,
         "hidden": cfg.hidden,
         "num_heads": cfg.num_heads,
-        "scope": cfg.scope,
         "mode": cfg.mode,
         "dtype": cfg.dtype,
         "device": device,
@@ -168,7 +181,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if hint:
         log.warning(hint)
     # A row that ran out of memory or time at some n is not retried at larger n.
-    stopped: dict[str, str] = {}
+    stopped: dict[tuple[str, str], str] = {}
     progress = Progress(
         TextColumn("[bold]bench[/] {task.description}"),
         BarColumn(),
@@ -177,32 +190,35 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         console=console,
         transient=True,
     )
-    labels = [attention_label(row) for row in rows]
     with progress:
-        task = progress.add_task("", total=len(rows) * len(seq_lens))
+        task = progress.add_task("", total=len(points) * len(seq_lens))
         for n in seq_lens:
-            live = [i for i, label in enumerate(labels) if label not in stopped]
+            live = [i for i, (_, *key) in enumerate(points) if tuple(key) not in stopped]
             progress.update(task, description=f"n={n}: warm-up and memory")
             load = os.getloadavg()[0]
             measured = measure_interleaved(
-                [{**common, "attention": rows[i], "seq_len": n} for i in live],
+                [
+                    {**common, "attention": points[i][0], "scope": points[i][2], "seq_len": n}
+                    for i in live
+                ],
                 cfg.timeout_s,
                 cfg.noise_threshold,
                 lambda r, total, n=n: progress.update(task, description=f"n={n} round {r}/{total}"),
             )
             results = dict(zip(live, measured, strict=True))
-            for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
+            for i, (row, label, scope) in enumerate(points):
                 result = results.get(i) or {
                     "status": "skipped",
-                    "error": f"{stopped.get(label)} at a smaller n",
+                    "error": f"{stopped.get((label, scope))} at a smaller n",
                 }
                 if result["status"] in ("oom", "timeout"):
-                    stopped[label] = result["status"]
-                log.info("%s n=%d: %s", label, n, _describe(result))
+                    stopped[(label, scope)] = result["status"]
+                log.info("%s [%s] n=%d: %s", label, scope, n, _describe(result))
                 records.append(
                     {
                         "attention": label,
                         "method": row["name"],
+                        "scope": scope,
                         "seq_len": n,
                         "baseline": cfg.baseline,
                         **{k: v for k, v in common.items() if k != "memory_limit_mb"},
@@ -236,19 +252,30 @@ def _describe(result: dict[str, Any]) -> str:
     )
 
 
+def row_names(df: pd.DataFrame) -> list[str]:
+    """One table/plot row per attention label, told apart by its sweep job when the frame
+    holds several runs, else by its scope when one run measured several."""
+    jobs = df["job"].fillna("") if "job" in df else pd.Series("", index=df.index)
+    several_scopes = df["scope"].nunique() > 1
+    return [
+        f"{label} [{job}]" if job else f"{label} [{scope}]" if several_scopes else label
+        for label, scope, job in zip(df.attention, df.scope, jobs, strict=True)
+    ]
+
+
 def plot(df: pd.DataFrame, path: Path, cfg: DictConfig) -> None:
-    ok = df[df.status == "ok"]
+    ok = df[df.status == "ok"].assign(row=lambda d: row_names(d))
     if ok.empty:
         return
     title = (
-        f"{cfg.scope}, {cfg.mode}, {cfg.dtype}, batch {cfg.batch_size}, "
+        f"{', '.join(scopes_of(cfg))}, {cfg.mode}, {cfg.dtype}, batch {cfg.batch_size}, "
         f"{cfg.hidden}/{cfg.num_heads} heads"
     )
     loglog_panels(
         ok,
         "seq_len",
         [("time_ms", "time (ms)"), ("peak_mb", "peak memory (MB)")],
-        "attention",
+        "row",
         path,
         title,
     )
@@ -260,18 +287,19 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> Table:
+def _table(df: pd.DataFrame, column: str, title: str, base_rows: dict[str, str]) -> Table:
+    """One Table-1 panel; ``base_rows`` names the baseline row of each scope (ratios are taken
+    within a scope only)."""
     seq_lens = sorted(df.seq_len.unique())
     table = Table(title=title, title_justify="left")
     table.add_column("attention", style="bold")
     for n in seq_lens:
         table.add_column(f"n={n}", justify="right")
-    base = {}
-    if baseline is not None:
-        ref = df[(df.row == baseline) & (df.status == "ok")]
-        base = dict(zip(ref.seq_len, ref[column], strict=True))
+    ref = df[df.row.isin(list(base_rows.values())) & (df.status == "ok")]
+    base = {(r.scope, r.seq_len): getattr(r, column) for r in ref.itertuples()}
     for row, group in df.groupby("row", sort=False):
         cells = []
+        scope = group.scope.iloc[0]
         by_n = {r.seq_len: r for r in group.itertuples()}
         for n in seq_lens:
             point = by_n.get(n)
@@ -284,38 +312,71 @@ def _table(df: pd.DataFrame, column: str, title: str, baseline: str | None) -> T
                 text = _fmt(value)
                 if column == "time_ms" and getattr(point, "noisy", False) is True:
                     text += "[yellow]~[/]"
-                if n in base and base[n] > 0 and row != baseline:
-                    text += f" [dim]({value / base[n]:.3g}×)[/]"
+                reference = base.get((scope, n))
+                if reference and reference > 0 and row != base_rows.get(scope):
+                    text += f" [dim]({value / reference:.3g}×)[/]"
                 cells.append(text)
         table.add_row(escape(str(row)), *cells)  # labels are data: "[...]" is no markup
+    if column == "time_ms":
+        for name, overhead_cells in module_overhead_rows(df, seq_lens):
+            table.add_row(escape(name), *overhead_cells, style="cyan")
     for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
         table.add_row(name, *paper_cells, style="dim")
     return table
 
 
+def module_overhead_rows(df: pd.DataFrame, seq_lens: list[int]) -> list[tuple[str, list[str]]]:
+    """For each attention measured in all three scopes: module time / (projections + core)
+    per n, how much the module costs beyond its two parts (1.0 = nothing)."""
+    ok = df[df.status == "ok"]
+    times = ok.pivot_table(
+        index=["attention", "seq_len"], columns="scope", values="time_ms", aggfunc="first"
+    )
+    if not set(SCOPES) <= set(times.columns):
+        return []
+    rows = []
+    for label in dict.fromkeys(ok.attention):
+        cells = []
+        for n in seq_lens:
+            point = times.loc[(label, n)] if (label, n) in times.index else None
+            parts = None if point is None else point["projections"] + point["core"]
+            ratio = None if parts is None else point["module"] / parts
+            cells.append("" if ratio is None or ratio != ratio else f"{ratio:.2f}×")
+        if any(cells):
+            rows.append((f"{label}: module / (projections + core)", cells))
+    return rows
+
+
 def render(df: pd.DataFrame) -> RenderableType:
-    """Table-1 layout: attention rows, n across; memory then time, × = value / baseline's."""
+    """Table-1 layout: attention rows, n across; memory then time, × = value / baseline's
+    (at the same n and scope)."""
     df = df.copy()
     baseline = str(df["baseline"].iloc[0]) if "baseline" in df else ""
-    jobs = df["job"].fillna("") if "job" in df else pd.Series("", index=df.index)
-    df["row"] = [f"{a} [{j}]" if j else a for a, j in zip(df.attention, jobs, strict=True)]
-    matches = [r for r in df.row.unique() if r.split(" [")[0] == baseline]
-    if not matches and "method" in df:  # baseline=softmax names the row "softmax (SDPA)"
-        matches = list(df.row[df.method == baseline].unique())
-    base_row = matches[0] if len(matches) == 1 else None
+    df["row"] = row_names(df)
+    base_rows = {}
+    for scope, group in df.groupby("scope", sort=False):
+        matches = [r for r in group.row.unique() if r.split(" [")[0] == baseline]
+        if not matches and "method" in df:  # baseline=softmax names the row "softmax (SDPA)"
+            matches = list(group.row[group.method == baseline].unique())
+        if len(matches) == 1:
+            base_rows[scope] = matches[0]
     context = df.iloc[0]
+    scopes = ", ".join(dict.fromkeys(df.scope))
     caption = (
-        f"{context['scope']}, {context['mode']}, {context['dtype']}, {context['device']}, "
+        f"{scopes}, {context['mode']}, {context['dtype']}, {context['device']}, "
         f"batch {context['batch_size']}, hidden {context['hidden']}/{context['num_heads']} heads"
     )
     if "threads" in df and pd.notna(context["threads"]):
         caption += f", {int(context['threads'])} thread(s)"
-    if base_row:
-        caption += f"; (×) = value / {base_row}'s at the same n"
+    if len(base_rows) == 1:
+        caption += f"; (×) = value / {next(iter(base_rows.values()))}'s at the same n"
+    elif base_rows:
+        names = dict.fromkeys(df.attention[df.row.isin(list(base_rows.values()))])
+        caption += f"; (×) = value / {' / '.join(names)}'s at the same n and scope"
     if "noisy" in df and (df["noisy"] == True).any():  # noqa: E712  (NaN for failed points)
         caption += "; ~ = noisy: IQR/median of its times still above noise_threshold after a retry"
     return Group(
         Text(caption, style="italic"),
-        _table(df, "peak_mb", "Peak memory (MB)", base_row),
-        _table(df, "time_ms", "Time (ms, median)", base_row),
+        _table(df, "peak_mb", "Peak memory (MB)", base_rows),
+        _table(df, "time_ms", "Time (ms, median)", base_rows),
     )

@@ -116,6 +116,24 @@ class Choice(Rule):
 
 
 @dataclass(frozen=True)
+class ChoiceList(Rule):
+    """A non-empty list of distinct ``values`` (a single value also passes)."""
+
+    values: tuple[str, ...] = ()
+
+    def ok(self, value: Any) -> bool:
+        items = list(value) if isinstance(value, list | tuple | ListConfig) else [value]
+        return (
+            bool(items)
+            and all(isinstance(v, str) and v in self.values for v in items)
+            and len(set(items)) == len(items)
+        )
+
+    def allowed(self) -> str:
+        return "one or a list of distinct: " + ", ".join(self.values)
+
+
+@dataclass(frozen=True)
 class Text(Rule):
     """A non-empty string (a path, a name)."""
 
