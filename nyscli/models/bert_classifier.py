@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from nyscli.models.bert import BertEncoder
+from nyscli.models.dropout import Dropout
 
 
 def tiled_rows(table: Tensor, rows: int) -> Tensor:
@@ -51,7 +52,7 @@ class BertClassifier(nn.Module):
         dim = encoder.config.dim
         self.bert = encoder
         self.pooler = nn.Linear(dim, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(dim, num_classes)
         init_std = encoder.encoder.config.init_std  # BERT's N(0, 0.02), zero biases
         for layer in (self.pooler, self.classifier):

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from nyscli.attention import MultiHeadAttention
+from nyscli.models.dropout import Dropout
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Embeddings(nn.Module):
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.positions = nn.Embedding(cfg.max_len + int(cfg.cls_token), cfg.dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.cls_token else None
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         # Created last so models without segments draw the same initial weights as before.
         self.segments = (
             nn.Embedding(cfg.type_vocab_size, cfg.dim) if cfg.type_vocab_size > 0 else None
@@ -118,9 +119,9 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
             ACTIVATIONS[activation](),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(hidden, dim),
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -135,7 +136,7 @@ class Block(nn.Module):
         self.post = cfg.norm == "post"
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
         self.attention = MultiHeadAttention(cfg.dim, cfg.num_heads, cfg.attention)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg.dim, cfg.ffn_dim, cfg.dropout, cfg.activation)
 
