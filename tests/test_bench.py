@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
+import pytest
+import torch
 from rich.console import Console
 
+from nyscli.experiments import bench_worker
 from nyscli.experiments.bench import render
 from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
 from nyscli.report.env import collect_env
@@ -269,3 +274,39 @@ def test_env_records_the_threads_and_device_used():
     env = collect_env("auto", 1)
     assert env["torch_threads"] == 1
     assert env["device"] == ("cuda" if env["cuda_available"] else "cpu")
+
+
+@pytest.mark.parametrize(
+    ("first_ms", "calls_per_sample"),
+    [(bench_worker.REWARM_BELOW_MS / 2, 2), (bench_worker.REWARM_BELOW_MS * 2, 1)],
+)
+def test_short_calls_get_an_untimed_call_before_each_timed_one(
+    monkeypatch, capsys, first_ms, calls_per_sample
+):
+    """serve(): under REWARM_BELOW_MS each sample runs the call twice (once untimed)."""
+    calls = []
+    prepared = (lambda: calls.append(1), torch.device("cpu"), 1.0, first_ms)
+    monkeypatch.setattr(bench_worker, "prepare", lambda spec: prepared)
+    monkeypatch.setattr(bench_worker.sys, "stdin", io.StringIO("time\ntime\ntime\nstop\n"))
+    bench_worker.serve({})
+    assert capsys.readouterr().out.count(bench_worker.TIME_PREFIX) == 3
+    assert len(calls) == 3 * calls_per_sample
+
+
+def test_train_mode_backpropagates_a_dense_upstream_gradient():
+    """build_call(train): backward of <out, g> for one fixed random g, not of out.sum()
+    (whose broadcast ones the kernels would first copy out)."""
+    spec = {**SPEC, "mode": "train", "seq_len": 16, "attention": {"name": "softmax_naive"}}
+    call = bench_worker.build_call(spec, torch.device("cpu"))
+    upstream = []
+    hook = torch.nn.modules.module.register_module_full_backward_hook(
+        lambda module, grad_in, grad_out: upstream.append(grad_out[0].clone())
+    )
+    try:
+        call()
+        call()
+    finally:
+        hook.remove()
+    assert len(upstream) == 2
+    torch.testing.assert_close(upstream[0], upstream[1], rtol=0, atol=0)  # the same g
+    assert upstream[0].std() > 0.5  # standard normal, not the ones of sum()
