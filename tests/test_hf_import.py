@@ -5,6 +5,7 @@ errors, and import -> fine-tune -> evaluate-only end to end on tiny fixtures."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -296,14 +297,19 @@ def test_pretraining_model_takes_the_checkpoint_heads_or_fresh_tied_ones(tmp_pat
     )
 
 
-def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
+def word_corpus(folder: Path) -> Path:
+    """30 documents of four 6-word sentences over the tiny checkpoint's vocabulary."""
+    folder.mkdir()
     rng = np.random.default_rng(0)
     for i in range(30):
         sentences = [" ".join(rng.choice(WORDS, 6)) + " ." for _ in range(4)]
-        (corpus / f"{i}.txt").write_text(" ".join(sentences))
+        (folder / f"{i}.txt").write_text(" ".join(sentences))
+    return folder
+
+
+def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    corpus = word_corpus(tmp_path / "corpus")
     done = run_nys("pretrain", f"init=hf:{folder}", "data=folder", f"data.path={corpus}",
                    f"data_cache={tmp_path / 'cache'}", "attention=nystrom",
                    "attention.num_landmarks=4", "attention.conv_kernel_size=3",
@@ -320,6 +326,35 @@ def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     row = pd.read_csv(next((tmp_path / "outputs" / "finetune").rglob("results.csv"))).iloc[0]
     assert row["attention"].startswith("nystrom-4") and row["steps"] == 2
+
+
+def test_distillation_continues_a_checkpoint_with_nystrom_then_finetunes(run_nys, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    common = [f"init=hf:{folder}", "data=folder", f"data.path={word_corpus(tmp_path / 'c')}",
+              f"data_cache={tmp_path / 'cache'}", "objective=distill", "trainer.lr=1e-3",
+              "trainer.warmup_steps=0", "trainer.batch_size=8", "trainer.eval_every=4",
+              "trainer.eval_examples=null", "trainer.progress=false", "threads=1"]  # fmt: skip
+    done = run_nys("pretrain", *common, "attention=nystrom", "attention.num_landmarks=4",
+                   "trainer.max_steps=8")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = (tmp_path / "outputs" / "pretrain").iterdir()
+    row = pd.read_csv(run_dir / "results.csv").iloc[0]
+    assert row["objective"] == "distill" and row["attention"].startswith("nystrom-4")
+    assert math.isnan(row["best_val_mlm_accuracy"]) and math.isnan(row["final_val_mlm_loss"])
+    # the converted model starts off its teacher and moves toward it
+    assert 0 < row["best_val_distill_loss"] < row["start_val_distill_loss"]
+    val = pd.read_csv(run_dir / "metrics.csv").query("split == 'val'")
+    assert row["best_val_distill_loss"] == val["distill_loss"].min() and list(val.step) == [4, 8]
+    assert (run_dir / "pretraining_curves.png").exists() and "distill loss" in done.stdout
+    data = sst2_folder(tmp_path / "SST-2")
+    tuned = run_nys("finetune", f"init={run_dir}", f"data.dir={data}", "trainer.max_steps=2",
+                    "trainer.batch_size=8", "threads=1", "trainer.progress=false")  # fmt: skip
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    # with the checkpoint's own attention the student is its teacher: loss 0 before training
+    same = run_nys("pretrain", *common, "attention=softmax", "trainer.max_steps=1")
+    assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
+    [again] = [d for d in (tmp_path / "outputs" / "pretrain").iterdir() if d != run_dir]
+    assert pd.read_csv(again / "results.csv").iloc[0]["start_val_distill_loss"] == 0.0
 
 
 def test_checkpoint_source_captures_what_the_cores_read(tmp_path) -> None:

