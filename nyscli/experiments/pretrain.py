@@ -378,5 +378,5 @@ def render(df: pd.DataFrame) -> RenderableType:
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    title = "Pre-training runs (validation accuracy %)"
+    title = "Pre-training runs (validation accuracy %; distillation: validation loss)"
     return rows_table(title, df, columns, {"model", "attention"})
