@@ -247,11 +247,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     def last(column: str) -> float:
         return math.nan if final is None or column not in final else float(final[column])
 
-    distill = setup.metrics == DISTILL_METRICS
+    distill = setup.name == "distill"
     row: dict[str, Any] = {
         "model": name,
         "attention": label,
-        "objective": "distill" if distill else "mlm_sop",
+        "objective": setup.name,
         "steps": fit.step,
         "max_steps": settings.max_steps,
         "best_val_mlm_accuracy": math.nan if distill else fit.best_value,
@@ -282,10 +282,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 
 @dataclasses.dataclass
 class Setup:
-    """What one objective trains: the trainer's model and objective, the encoder inside the
-    model that ``pretrained/`` keeps, the metrics, the settings (the best-checkpoint metric)
-    and the validation baseline (None: measured before training)."""
+    """What one objective trains: its name (``objective=``), the trainer's model and objective,
+    the encoder inside the model that ``pretrained/`` keeps, the metrics, the settings (the
+    best-checkpoint metric) and the validation baseline (None: measured before training)."""
 
+    name: str
     model: nn.Module
     encoder: BertEncoder
     objective: Objective
@@ -313,7 +314,7 @@ def _mlm_sop(
         data.tokenizer.decode([common]) or common,
         baseline,
     )
-    return Setup(model, model.bert, pretraining_objective, METRICS, settings, baseline)
+    return Setup("mlm_sop", model, model.bert, pretraining_objective, METRICS, settings, baseline)
 
 
 def _distillation(
@@ -327,14 +328,14 @@ def _distillation(
     objective = HiddenStateDistillation(BlockOutputs(teacher).to(device))
     model = BlockOutputs(imported.encoder, dropout=False).train()
     settings = dataclasses.replace(settings, monitor="distill_loss", monitor_mode="min")
-    return Setup(model, imported.encoder, objective, DISTILL_METRICS, settings, None)
+    return Setup("distill", model, imported.encoder, objective, DISTILL_METRICS, settings, None)
 
 
 def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, setup: Setup) -> Path:
     """Validation curves against step beside their baselines: MLM accuracy (the most frequent
     token) and SOP accuracy (chance), or the distillation loss (its value before training)."""
     val = metrics[metrics.split == "val"].sort_values("step")
-    if setup.metrics == DISTILL_METRICS:
+    if setup.name == "distill":
         panels = [("distill_loss", setup.baseline, "before training")]
     else:
         panels = [
