@@ -12,13 +12,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from nyscli.approx import sources
 from nyscli.approx.evaluate import evaluate_head, exact_head, iter_heads
 from nyscli.approx.methods import build_core, core_config
 from nyscli.approx.metrics import pinv_residual
+from nyscli.approx.summary import per_layer
 from nyscli.attention import build_attention
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.errors import UserInputError
@@ -207,6 +208,29 @@ def test_run_writes_long_results_two_figures_and_a_table(tmp_path: Path) -> None
     df.to_csv(csv, index=False)
     stacked = pd.concat([pd.read_csv(csv).assign(job="a=1"), pd.read_csv(csv).assign(job="a=2")])
     assert approx_error.render(stacked).row_count == 2 * table.row_count
+
+
+def test_per_layer_means_each_layer_over_its_heads_in_summary_order() -> None:
+    rows = [
+        # method, budget, layer, value (output_error); one matrix_error row to be ignored
+        ("nystrom", 8, 1, 0.2), ("nystrom", 8, 1, 0.4), ("nystrom", 8, 0, 0.1),
+        ("nystrom", 4, 0, 0.5), ("nystrom", 4, 1, 0.7), ("uniform", None, 0, 0.9),
+        ("uniform", None, 1, 0.8),
+    ]  # fmt: skip
+    df = pd.DataFrame(rows, columns=["method", "budget", "layer", "value"]).assign(
+        metric="output_error", head=0
+    )
+    df = pd.concat([df, df.head(1).assign(metric="matrix_error", value=9.0)])
+    df["budget"] = df["budget"].astype("Int64")
+    layers = per_layer(df)
+    assert list(layers.columns) == ["method", "budget", 0, 1]
+    assert list(layers["method"]) == ["nystrom", "nystrom", "uniform"]
+    assert list(layers["budget"][:2]) == [4, 8] and pd.isna(layers["budget"][2])
+    assert layers[0].tolist() == pytest.approx([0.5, 0.1, 0.9])
+    assert layers[1].tolist() == pytest.approx([0.7, 0.3, 0.8])
+    rendered = approx_error.render(df)
+    assert isinstance(rendered, Group) and rendered.renderables[1].row_count == 3
+    assert per_layer(df[df["layer"] == 0]).empty  # one layer: no per-layer view
 
 
 @pytest.mark.parametrize(

@@ -387,10 +387,13 @@ def test_approx_error_source_checkpoint_end_to_end(run_nys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the plot was fun , the acting was great . " * 8)
     done = run_nys("approx-error", "source=checkpoint", f"checkpoint=hf:{folder}",
-                   f"text_path={text}", "seq_len=32", "budgets=[4,8]", "plots=false",
+                   f"text_path={text}", "seq_len=32", "budgets=[4,8]", "plots=true",
                    "methods=[nystrom]", "baselines=[uniform]", "threads=1")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    df = pd.read_csv(next(tmp_path.rglob("results.csv")))
+    results = next(tmp_path.rglob("results.csv"))
+    df = pd.read_csv(results)
     assert set(df["layer"]) == {0, 1} and (df["source"] == "checkpoint").all()
+    assert "per layer" in done.stdout and "layer 1" in done.stdout
+    assert (results.parent / "error_per_layer.png").stat().st_size > 0
     refused = run_nys("approx-error", "source=checkpoint")
     assert refused.returncode == 2 and "needs checkpoint=" in refused.stdout

@@ -44,6 +44,32 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
     return loglog_panels(summary, "budget", panels, "line", path, title=title)
 
 
+def error_per_layer(layers: pd.DataFrame, path: Path, title: str = "") -> Path | None:
+    """Mean output error against the layer, one line per method and budget (``per_layer``'s
+    frame); None when there is nothing to plot (one layer only)."""
+    if layers.empty:
+        return None
+    keys = [k for k in layers.columns if isinstance(k, str)]
+    columns = [k for k in layers.columns if not isinstance(k, str)]
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
+    for row in layers.itertuples(index=False, name=None):
+        label = ", ".join(
+            f"m={v}" if k == "budget" else str(v)
+            for k, v in zip(keys, row[: len(keys)], strict=True)
+            if not pd.isna(v)
+        )
+        ax.plot(columns, row[len(keys) :], marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(columns)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"mean {METRIC_LABELS['output_error']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    return save_figure(fig, path, dpi=120)
+
+
 def _downsample(matrix: Tensor) -> Tensor:
     """Block-average an (r, c) matrix to at most ``MAX_PIXELS`` per side for display."""
     factor = -(-max(matrix.shape) // MAX_PIXELS)

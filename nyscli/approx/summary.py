@@ -41,3 +41,19 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values([*keys[:-2], "_order", "budget"], na_position="first").drop(
         columns="_order"
     )
+
+
+def per_layer(df: pd.DataFrame, metric: str = "output_error") -> pd.DataFrame:
+    """Mean ``metric`` over the heads (and sequences) of each layer: one row per (method,
+    budget) in ``summarise``'s order, one column per layer (ints, ascending).
+
+    Empty when ``df`` has no such metric or only one layer (synthetic sources)."""
+    rows = df[df["metric"] == metric]
+    if rows.empty or rows["layer"].nunique() < 2:
+        return pd.DataFrame()
+    keys = group_keys(rows)
+    means = rows.groupby([*keys, "layer"], dropna=False, sort=False)["value"].mean()
+    wide = means.unstack("layer").reset_index()
+    wide.columns = [*keys, *(int(layer) for layer in wide.columns[len(keys) :])]
+    order = summarise(rows)[keys]  # methods as first seen, budgets ascending
+    return order.merge(wide, on=keys, how="left")[[*keys, *sorted(wide.columns[len(keys) :])]]

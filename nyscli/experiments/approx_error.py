@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.progress import track
 from rich.table import Table
@@ -23,7 +23,7 @@ from nyscli.approx import plots, sources
 from nyscli.approx.evaluate import evaluate_head, iter_heads
 from nyscli.approx.metrics import METRIC_LABELS
 from nyscli.approx.sample_text import SAMPLE_TEXT
-from nyscli.approx.summary import summarise
+from nyscli.approx.summary import per_layer, summarise
 from nyscli.attention import AttentionConfigError, available, build_attention
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.data.common import read_text_file
@@ -239,6 +239,9 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not cfg.plots:
         return df
     plots.error_vs_budget(df, run_dir / "error_vs_budget.png")
+    plots.error_per_layer(
+        per_layer(df), run_dir / "error_per_layer.png", title=f"source={cfg.source}, n={n}"
+    )
     if "exact" in example_maps:
         title = f"{cfg.source}: layer {example[0]}, head {example[2]}, n={n}; m={keep_budget}"
         plots.attention_maps(example_maps, run_dir / "attention_maps.png", title)
@@ -253,8 +256,32 @@ def _cell(mean: float, std: float) -> str:
     return f"{mean:.3g} ± {std:.2g}"
 
 
-def render(df: pd.DataFrame) -> Table:
-    """Summary table: one row per method and budget, each metric as mean ± sd over heads."""
+def render(df: pd.DataFrame) -> RenderableType:
+    """Summary table: one row per method and budget, each metric as mean ± sd over heads;
+    for a real model (several layers) a second table gives the output error per layer."""
+    table = summary_table(df)
+    layers = per_layer(df)
+    return table if layers.empty else Group(table, layer_table(layers))
+
+
+def layer_table(layers: pd.DataFrame) -> Table:
+    """``per_layer``'s frame as a table: one row per method and budget, one column per layer."""
+    keys = [k for k in layers.columns if isinstance(k, str)]
+    table = Table(title=f"mean {METRIC_LABELS['output_error']} per layer (over heads)")
+    for key in keys:
+        table.add_column(
+            "m" if key == "budget" else key, justify="left" if key != "budget" else "right"
+        )
+    for layer in layers.columns[len(keys) :]:
+        table.add_column(f"layer {layer}", justify="right")
+    for row in layers.itertuples(index=False, name=None):
+        labels = ["—" if pd.isna(v) else escape(str(v)) for v in row[: len(keys)]]
+        table.add_row(*labels, *(_cell(v, math.nan) for v in row[len(keys) :]))
+    return table
+
+
+def summary_table(df: pd.DataFrame) -> Table:
+    """One row per method and budget, each metric as mean ± sd over heads."""
     summary = summarise(df)
     metrics = [m for m in METRIC_LABELS if f"{m}_mean" in summary]
     run_keys = [k for k in summary.columns if k in ("job", "source", "seq_len")]
