@@ -46,8 +46,10 @@ from nyscli.experiments.finetune_eval import (
 from nyscli.experiments.finetune_model import (
     SCRATCH,
     StartingPoint,
+    check_conv_fit,
     check_init,
     current_overrides,
+    fit_conv_skip,
     pretrained_folder,
     selected_attention,
     starting_point,
@@ -111,6 +113,7 @@ RULES: dict[str, schema.Rule] = {
     "data.dir": schema.Text(null=True),
     "epochs": schema.Float(low=0.0, low_open=True),
     "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
+    "conv_fit_examples": schema.Int(low=0),
 }
 
 
@@ -129,6 +132,7 @@ def validate(cfg: DictConfig) -> None:
         )
     check_values(cfg, RULES)
     check_device(cfg, trainer_config(cfg))
+    check_conv_fit(cfg, names_attention(current_overrides()))
     if cfg.get("eval_only"):
         run_config(Path(str(cfg.eval_only)))
         check_attention(cfg)
@@ -201,6 +205,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     train = ShuffledBatches(encoded["train"], batch_size, collate, int(cfg.seed),
                             encoded["train"].seqs.lengths, int(cfg.trainer.bucket))  # fmt: skip
     per_update = train.global_batch_size * int(cfg.trainer.accumulate)  # examples per update
+    if cfg.conv_fit_examples and plan.checkpoint is None:  # a resumed run has its filters
+        fit_conv_skip(start.encoder, examples["train"], int(cfg.conv_fit_examples),
+                      start.tokenizer, max_len, batch_size)  # fmt: skip
     steps, warmup = schedule(cfg, len(encoded["train"]), per_update)
     planned = planned_steps(cfg, len(encoded["train"]), per_update)
     settings = dataclasses.replace(
@@ -244,6 +251,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "task": task,
         "init": init_label(start.source),
         "attention": attention,
+        "conv_fit_examples": int(cfg.conv_fit_examples),
         "max_len": max_len,
         "dev_accuracy": first.get("accuracy", math.nan),
         "dev_f1": first.get("f1", math.nan),

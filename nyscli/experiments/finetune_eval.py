@@ -32,6 +32,7 @@ from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune_model import (
     current_overrides,
+    fit_conv_skip,
     selected_attention,
     starting_point,
 )
@@ -130,10 +131,13 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         raise UserInputError(f"{checkpoint}: {error}") from None
 
     examples = load_examples(merged.task, merged.data.dir, int(merged.seed))
+    max_len = int(merged.task.max_len)
+    if cfg.conv_fit_examples:
+        fit_conv_skip(start.encoder, examples["train"], int(cfg.conv_fit_examples),
+                      start.tokenizer, max_len, int(merged.trainer.batch_size))  # fmt: skip
     splits = ("test",) if "test" in examples else dev_splits(task)
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], merged.task.get("test_examples"))
-    max_len = int(merged.task.max_len)
     collate = PairCollate(max_len, start.tokenizer.pad_id)
     settings = TrainerConfig.from_mapping(
         {**OmegaConf.to_container(cfg.trainer, resolve=True), "max_steps": 1, "progress": False}
@@ -158,6 +162,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         "eval_of": str(source.resolve()),
         "trained_attention": trained_label,
         "attention": attention_label(attention),
+        "conv_fit_examples": int(cfg.conv_fit_examples),
         "attention_name": attention["name"],
         "budget": _budget(attention),
         "landmarks": attention.get("landmarks", ""),

