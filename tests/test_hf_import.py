@@ -266,6 +266,14 @@ def test_import_finetune_then_evaluate_only_with_other_attentions(run_nys, tmp_p
     assert report.returncode == 0, report.stderr[-2000:]
     assert "Direct deployment" in report.stdout
     assert (out.parent / "deployment.png").stat().st_size > 1000
+    # deployed with a conv skip fitted on 8 training sentences (not a sweep: its own folder)
+    fitted = run_nys("finetune", f"eval_only={run_dir}", "attention=nystrom",
+                     "attention.num_landmarks=2", "attention.conv_kernel_size=3",
+                     "conv_fit_examples=8", *common)  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr[-2000:]
+    assert "conv skip of layer 1 fitted on 8 examples" in fitted.stdout + fitted.stderr
+    row = pd.read_csv(max((tmp_path / "outputs" / "finetune").glob("2*/results.csv"))).iloc[0]
+    assert row["attention"] == "nystrom-2+conv3" and row["conv_fit_examples"] == 8
 
 
 def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
@@ -273,6 +281,8 @@ def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
         (["init=hf:/no/such/folder"], "is not a folder"),
         (["init=hf:"], "is not allowed"),
         (["eval_only=/no/such/run"], "is not a run folder"),
+        (["conv_fit_examples=4"], "fits the conv skip of a converted checkpoint"),
+        (["init=minilm", "attention=nystrom", "conv_fit_examples=4"], "needs a conv skip"),
     ):
         done = run_nys("finetune", *args, "threads=1")
         assert done.returncode == 2, done.stdout + done.stderr
