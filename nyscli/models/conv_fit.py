@@ -58,9 +58,10 @@ def core_inputs(
         captured.extend(args[:4])
         raise _Captured
 
+    device = encoder.token_embeddings.weight.device
     handle = encoder.encoder.blocks[layer].attention.core.register_forward_pre_hook(keep)
     try:
-        encoder(*batch)
+        encoder(*(None if t is None else t.to(device) for t in batch))
     except _Captured:
         pass
     finally:
@@ -99,10 +100,12 @@ def _fit_layer(
     exact: torch.nn.Module,
     batches: list[tuple[Tensor, Tensor, Tensor | None]],
 ) -> LayerFit:
+    """Fit one block's skip: accumulate the normal equations over all real tokens, solve."""
     skip = attention.conv_skip
     heads, size = skip.conv.weight.shape[0], skip.kernel_size
-    gram = torch.zeros(heads, size, size, dtype=torch.float64)
-    cross = torch.zeros(heads, size, dtype=torch.float64)
+    float64 = {"dtype": torch.float64, "device": skip.conv.weight.device}
+    gram = torch.zeros(heads, size, size, **float64)
+    cross = torch.zeros(heads, size, **float64)
     residual_sq = exact_sq = 0.0
     for batch in batches:
         q, k, v, mask = core_inputs(encoder, layer, batch)
@@ -119,7 +122,7 @@ def _fit_layer(
         residual_sq += float(residual.square().sum())
         exact_sq += float(zero_padded(target.double(), mask).square().sum())
     ridge = RIDGE * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-30)
-    eye = torch.eye(size, dtype=torch.float64)
+    eye = torch.eye(size, **float64)
     filters = torch.linalg.solve(gram + ridge[:, None, None] * eye, cross)  # (H, k)
     explained = 2 * (filters * cross).sum() - torch.einsum("hi,hij,hj->", filters, gram, filters)
     skip.conv.weight.copy_(filters.to(skip.conv.weight.dtype)[:, None, :, None])
