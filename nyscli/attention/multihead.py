@@ -16,6 +16,11 @@ from nyscli.attention.registry import build_attention
 CHANNELS_LAST = torch.channels_last
 
 
+def window_left(kernel_size: int) -> int:
+    """Taps of the conv skip's window before each token (the rest lie after it)."""
+    return (kernel_size - 1) // 2
+
+
 class ValueConvSkip(nn.Module):
     """Depthwise convolution of V along the sequence, one filter per head (Nyströmformer's skip).
 
@@ -41,7 +46,7 @@ class ValueConvSkip(nn.Module):
     def forward(self, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         v = zero_padded(v, key_padding_mask)
         b, h, n, d = v.shape
-        left = (self.kernel_size - 1) // 2
+        left = window_left(self.kernel_size)
         right = self.kernel_size - 1 - left  # = left, or left + 1 for an even kernel
         # (B, H, n, d) -> (B, H*d, n, 1) stored as (B, n, H*d): channels last.
         x = v.transpose(2, 3).reshape(b, h * d, n, 1).contiguous(memory_format=CHANNELS_LAST)

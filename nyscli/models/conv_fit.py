@@ -20,6 +20,7 @@ from torch import Tensor
 
 from nyscli.attention import build_attention
 from nyscli.attention.masking import zero_padded
+from nyscli.attention.multihead import window_left
 from nyscli.models.bert import BertEncoder
 
 RIDGE = 1e-6  # relative to the Gram matrix's mean diagonal: keeps all-zero taps solvable
@@ -38,7 +39,7 @@ def shifted_values(v: Tensor, key_padding_mask: Tensor | None, kernel_size: int)
     """v: (B, H, n, d) -> (B, H, n, d, k): tap j holds v[i + j - (k-1)//2] (zero outside the
     sequence and at padding), so that ``ValueConvSkip`` with filter w gives (this @ w)."""
     v = zero_padded(v, key_padding_mask)
-    left = (kernel_size - 1) // 2
+    left = window_left(kernel_size)
     padded = F.pad(v, (0, 0, left, kernel_size - 1 - left))
     return padded.unfold(2, kernel_size, 1)
 
