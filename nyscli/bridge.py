@@ -334,15 +334,29 @@ def check_new_folder(key: str, target: Path) -> Path | None:
     return target if created else None
 
 
-def discard_failed(folder: Path) -> None:
+def missing_parents(folder: Path) -> list[Path]:
+    """The parents of ``folder`` that creating it would add (e.g. ``outputs/finetune``),
+    deepest first."""
+    return [p for p in folder.parents if not p.exists()]
+
+
+def discard_failed(folder: Path, made_parents: list[Path]) -> None:
     """Remove a run folder that failed before it produced anything but bookkeeping (config,
     env.json, error.txt, the log): an error-only folder is no run. Anything else (metrics,
-    checkpoints) keeps the folder, marked failed by its error.txt."""
+    checkpoints) keeps the folder, marked failed by its error.txt. The parents this launch
+    created (``made_parents``, deepest first) go with it while they are empty, so a refused
+    run leaves no ``outputs/`` behind."""
     if not folder.is_dir():
         return
     keep = [p for p in folder.iterdir() if p.name not in BOOKKEEPING and p.suffix != ".log"]
-    if not keep:
-        shutil.rmtree(folder, ignore_errors=True)
+    if keep:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in made_parents:
+        try:
+            parent.rmdir()
+        except OSError:  # another run wrote there meanwhile: keep it and what is above it
+            return
 
 
 def _overrides_key(overrides: list[str], key: str) -> bool:
@@ -370,6 +384,7 @@ def launch(command: str, arguments: list[str]) -> int:
     )
     sweep_dir = None
     fresh = None  # the run folder this launch created: removed again if the run fails early
+    made_parents: list[Path] = []  # the folders above it that this launch created
     if not inspecting:
         try:
             overrides, config_dir = list(args.overrides), args.config_dir
@@ -387,12 +402,14 @@ def launch(command: str, arguments: list[str]) -> int:
                 target = Path(str(hydra_node.sweep.dir if multirun else hydra_node.run.dir))
                 # The ranks of one torchrun/srun world all run this and share the folder.
                 if world is None or world.size < 2:
+                    made_parents = missing_parents(target)
                     fresh = check_new_folder(key, target)
             # Every rank of a torchrun/srun job runs this: they must share one folder.
             shared = None if given else ranks.shared_run_name()
             if not given:
                 root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
                 name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+                made_parents = missing_parents(root / name)
                 folder = _run_folder(root / name, shared is not None)
                 args.overrides.append(f"{key}={folder}")
                 sweep_dir = folder if multirun else None
@@ -412,14 +429,14 @@ def launch(command: str, arguments: list[str]) -> int:
     except (Abort, TrainingInterrupted) as abort:
         # An interrupted run keeps its folder: the message says how to resume it.
         if isinstance(abort, Abort) and fresh is not None and not multirun:
-            discard_failed(fresh)
+            discard_failed(fresh, made_parents)
         console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
         return abort.code
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop (data preparation, final evaluation); the loop itself
         # raises TrainingInterrupted with its resume line.
         if fresh is not None and not multirun:
-            discard_failed(fresh)
+            discard_failed(fresh, made_parents)
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
         console.print(f"[red]error:[/] interrupted{escape(where)}", highlight=False, soft_wrap=True)

@@ -82,7 +82,8 @@ def one_error(capsys) -> str:
 
 
 def no_runs(root: Path) -> bool:
-    return not (root / "outputs").exists() or not find_run_folders([root / "outputs"])
+    """Nothing left under ``root/outputs``: not the run folder, not the folders above it."""
+    return not (root / "outputs").exists()
 
 
 @pytest.mark.parametrize(("command", "overrides", "fragment"), BAD_VALUES)
@@ -227,16 +228,36 @@ def test_binary_text_file_is_refused_before_a_folder(tmp_path, monkeypatch, caps
     assert no_runs(tmp_path)
 
 
-def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    glue = tmp_path / "SST-2"
+def empty_sst2(root: Path) -> Path:
+    """An SST-2 folder whose train and dev files hold a header and no example."""
+    glue = root / "SST-2"
     glue.mkdir()
     for split in ("train", "dev"):
         (glue / f"{split}.tsv").write_text("sentence\tlabel\n")
+    return glue
+
+
+def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    glue = empty_sst2(tmp_path)
     assert launch("finetune", [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]) == 2
     line = one_error(capsys)
     assert str(glue) in line and "no labelled examples" in line and "train" in line
     assert no_runs(tmp_path)
+
+
+def test_run_time_fault_removes_only_the_folders_it_created(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    glue = empty_sst2(tmp_path)
+    bad = [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]
+    assert launch("finetune", [*bad, "hydra.run.dir=deep/er/run"]) == 2
+    assert "no labelled examples" in one_error(capsys)
+    assert not (tmp_path / "deep").exists()
+    kept = tmp_path / "outputs" / "finetune" / "an_earlier_run"
+    kept.mkdir(parents=True)
+    assert launch("finetune", bad) == 2
+    assert "no labelled examples" in one_error(capsys)
+    assert [p.name for p in kept.parent.iterdir()] == ["an_earlier_run"]
 
 
 @pytest.mark.parametrize("key", ["hydra.run.dir", "data_cache"])
