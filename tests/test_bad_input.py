@@ -81,11 +81,6 @@ def one_error(capsys) -> str:
     return lines[0]
 
 
-def no_runs(root: Path) -> bool:
-    """Nothing left under ``root/outputs``: not the run folder, not the folders above it."""
-    return not (root / "outputs").exists()
-
-
 @pytest.mark.parametrize(("command", "overrides", "fragment"), BAD_VALUES)
 def test_bad_value_is_one_line_exit_2_and_no_folder(
     command, overrides, fragment, tmp_path, monkeypatch, capsys
@@ -209,7 +204,7 @@ def test_corrupt_csv_gz_is_one_line_naming_the_file(damage, tmp_path, monkeypatc
     assert code == 2
     line = one_error(capsys)
     assert str(bad) in line and "data.path" in line
-    assert no_runs(tmp_path)
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_binary_text_file_is_refused_before_a_folder(tmp_path, monkeypatch, capsys):
@@ -225,7 +220,7 @@ def test_binary_text_file_is_refused_before_a_folder(tmp_path, monkeypatch, caps
     code = launch("pretrain", ["data=folder", f"data.path={corpus}", "threads=1"])
     assert code == 2
     assert f"{corpus / 'a.txt'} is a binary file" in one_error(capsys)
-    assert no_runs(tmp_path)
+    assert not (tmp_path / "outputs").exists()
 
 
 def empty_sst2(root: Path) -> Path:
@@ -243,7 +238,7 @@ def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
     assert launch("finetune", [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]) == 2
     line = one_error(capsys)
     assert str(glue) in line and "no labelled examples" in line and "train" in line
-    assert no_runs(tmp_path)
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_run_time_fault_removes_only_the_folders_it_created(tmp_path, monkeypatch, capsys):
@@ -270,7 +265,7 @@ def test_unwritable_path_is_one_line_naming_it(key, tmp_path, monkeypatch, capsy
     assert code == 2
     line = one_error(capsys)
     assert str(blocker) in line and "Not a directory" in line
-    assert no_runs(tmp_path)
+    assert not (tmp_path / "outputs").exists()
 
 
 TINY_LRA = [
