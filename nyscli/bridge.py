@@ -41,14 +41,14 @@ from rich.markup import escape
 
 from nyscli import ranks
 from nyscli.attention import AttentionConfigError
+from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
+from nyscli.experiments.report.sweep_summary import write_summary
+from nyscli.files import write_csv, write_json, write_text
+from nyscli.output.env import collect_env
+from nyscli.output.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
-from nyscli.report.console import console
-from nyscli.report.env import collect_env
-from nyscli.report.files import write_csv, write_json, write_text
-from nyscli.report.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
-from nyscli.sweep_summary import write_summary
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
 

@@ -14,9 +14,9 @@ try:  # Typer >= 0.26 vendors click; older ones use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
+from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.paths import CONF_DIR
-from nyscli.report.console import console
 
 # Only typer, rich and the config folder at import time: torch, Hydra and the experiments load
 # when a command runs, so ``nys --help`` and tab completion answer in well under a second.
@@ -270,7 +270,7 @@ def report(
 ) -> None:
     """Aggregate run folders (also partly failed sweeps) into one table, one CSV and the figure
     that compares them (pre-training curves, learning curves, error vs budget, time/memory)."""
-    from nyscli.experiments.report import show_report
+    from nyscli.experiments.report.command import show_report
 
     if out is None:
         one = len(paths) == 1 and paths[0].is_dir()

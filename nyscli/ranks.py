@@ -150,7 +150,7 @@ def _rank_main(
     errors: str,
 ) -> pd.DataFrame | None:
     """Entry point of one spawned rank (the elastic agent exported RANK, WORLD_SIZE, ...)."""
-    from nyscli.report.console import console
+    from nyscli.console import console
 
     world = world_from_env()
     assert world is not None, "the elastic launcher exports RANK and WORLD_SIZE"

@@ -15,15 +15,15 @@ from omegaconf import DictConfig
 from rich.console import Console, Group
 from rich.table import Table
 
-from nyscli.approx import sources
-from nyscli.approx.evaluate import evaluate_head, exact_head, iter_heads
-from nyscli.approx.methods import build_core, core_config
-from nyscli.approx.metrics import pinv_residual
-from nyscli.approx.summary import per_layer
 from nyscli.attention import build_attention
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.errors import UserInputError
-from nyscli.experiments import approx_error
+from nyscli.experiments.approx_error import command as approx_error
+from nyscli.experiments.approx_error import sources
+from nyscli.experiments.approx_error.evaluate import evaluate_head, exact_head, iter_heads
+from nyscli.experiments.approx_error.methods import build_core, core_config
+from nyscli.experiments.approx_error.metrics import pinv_residual
+from nyscli.experiments.approx_error.summary import per_layer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SMALL = [

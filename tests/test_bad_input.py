@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nyscli.bridge import launch
-from nyscli.report.runs import ERROR_FILE, find_run_folders, load_run
+from nyscli.output.runs import ERROR_FILE, find_run_folders, load_run
 
 # (command, overrides, fragment the one line must contain)
 BAD_VALUES = [

@@ -9,10 +9,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from nyscli.experiments import bench_worker
-from nyscli.experiments.bench import render
-from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
-from nyscli.report.env import collect_env
+from nyscli.experiments.bench import worker as bench_worker
+from nyscli.experiments.bench.command import render
+from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
+from nyscli.output.env import collect_env
 
 
 def run_point(spec, timeout_s):
@@ -40,7 +40,7 @@ SPEC = {
 
 FRAGMENTED_HEAP = """
 import torch
-from nyscli.experiments.memory import warm_peak_mb
+from nyscli.experiments.bench.memory import warm_peak_mb
 
 MIB = 2**18  # float32 elements in one MiB
 

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from nyscli.atomic import atomic_writer
 from nyscli.data import common, image, retrieval, text
 from nyscli.data.common import DataError
+from nyscli.files import atomic_writer
 
 # ------------------------------------------------------------------ common
 

@@ -16,9 +16,9 @@ from rich.console import Console
 
 from nyscli.checkpoints.pretrained import load_pretrained, save_pretrained
 from nyscli.errors import UserInputError
-from nyscli.experiments.finetune import render, schedule, validate
-from nyscli.experiments.finetune_model import scratch_tokenizer, starting_point
-from nyscli.experiments.finetune_tasks import ClassificationObjective, load_examples, seeded_subset
+from nyscli.experiments.finetune.command import render, schedule, validate
+from nyscli.experiments.finetune.model import scratch_tokenizer, starting_point
+from nyscli.experiments.finetune.tasks import ClassificationObjective, load_examples, seeded_subset
 from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.models.bert_classifier import BertClassifier, extend_positions, tiled_rows
 from nyscli.paths import CONF_DIR

@@ -293,7 +293,7 @@ def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
 
 
 def test_pretraining_model_takes_the_checkpoint_heads_or_fresh_tied_ones(tmp_path) -> None:
-    from nyscli.experiments.pretrain import pretraining_model
+    from nyscli.experiments.pretrain.command import pretraining_model
 
     with_head = import_bert(f"hf:{tiny_checkpoint(tmp_path / 'a', mlm=True)}", {"name": "softmax"})
     model = pretraining_model(with_head)
@@ -368,7 +368,7 @@ def test_distillation_continues_a_checkpoint_with_nystrom_then_finetunes(run_nys
 
 
 def test_checkpoint_source_captures_what_the_cores_read(tmp_path) -> None:
-    from nyscli.approx import sources
+    from nyscli.experiments.approx_error import sources
 
     folder = tiny_checkpoint(tmp_path / "ckpt")
     text = "the film was very good , not dull . " * 3

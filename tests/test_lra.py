@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from nyscli.experiments.lra import render
+from nyscli.experiments.lra.command import render
 
 TINY = [
     "task.generate.n_train=48",

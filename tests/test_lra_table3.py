@@ -14,8 +14,8 @@ from rich.console import Console
 from nyscli.data import image, retrieval
 from nyscli.data.common import DataError, RaggedSequences, SequenceClassificationDataset, TaskData
 from nyscli.data.text import SHARED_IMDB, default_imdb_source
-from nyscli.experiments import lra_table
-from nyscli.experiments.lra_tasks import trivial_baseline
+from nyscli.experiments.lra import table as lra_table
+from nyscli.experiments.lra.tasks import trivial_baseline
 from nyscli.paths import CONF_DIR
 
 # ------------------------------------------------------------------ retrieval substitute
@@ -99,7 +99,7 @@ def lra_cfg(*overrides: str):
 
 
 def test_image_and_retrieval_default_to_their_substitutes_unless_a_path_is_given() -> None:
-    from nyscli.experiments.lra_tasks import _source
+    from nyscli.experiments.lra.tasks import _source
 
     for task, real, substitute in (("image", "cifar10", "fashion_mnist"),
                                    ("retrieval", "aan", "wiki_topic_pairs")):  # fmt: skip
@@ -270,7 +270,7 @@ def test_pathfinder_generation_counts_progress_and_threads_cap_the_workers(monke
     import contextlib
 
     from nyscli.data import pathfinder as pf
-    from nyscli.experiments import lra_tasks
+    from nyscli.experiments.lra import tasks as lra_tasks
 
     advanced: list[int] = []
 
@@ -331,7 +331,8 @@ def test_every_training_command_and_eval_only_start_a_new_peak(monkeypatch, tmp_
     import torch
     from omegaconf import OmegaConf
 
-    from nyscli.experiments import finetune_eval, training
+    from nyscli.experiments import training
+    from nyscli.experiments.finetune import evaluate as finetune_eval
 
     calls: list[torch.device] = []
     monkeypatch.setattr(training, "reset_peak_memory", calls.append)

@@ -18,8 +18,8 @@ from nyscli.checkpoints.pretrained import load_pretrained
 from nyscli.data import corpus as corpus_module
 from nyscli.data.common import DataError
 from nyscli.errors import UserInputError
-from nyscli.experiments import pretrain
-from nyscli.experiments.pretrain_objectives import (
+from nyscli.experiments.pretrain import command as pretrain
+from nyscli.experiments.pretrain.objectives import (
     IGNORE,
     HiddenStateDistillation,
     PretrainCollate,

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nyscli.approx.summary import summarise
 from nyscli.errors import UserInputError
-from nyscli.experiments import report
-from nyscli.report import curves, plots
-from nyscli.report.runs import load_run
+from nyscli.experiments.approx_error.summary import summarise
+from nyscli.experiments.report import command as report
+from nyscli.output import curves, plots
+from nyscli.output.runs import load_run
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nyscli.bridge import config_multirun
-from nyscli.sweep_summary import LOCK_FILE, SUMMARY_FILE, write_summary
+from nyscli.experiments.report.sweep_summary import LOCK_FILE, SUMMARY_FILE, write_summary
 from nyscli.train import ShuffledBatches, distributed
 
 from .test_lra import TINY as LRA_TINY

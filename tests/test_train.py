@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceClassificationDataset
-from nyscli.experiments.lra_tasks import classification_objective
+from nyscli.experiments.lra.tasks import classification_objective
 from nyscli.models import build_classifier
 from nyscli.train import (
     LAST,

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from nyscli.experiments.lra_tasks import classification_objective
+from nyscli.experiments.lra.tasks import classification_objective
 from nyscli.train import BEST, LAST, TrainingDiverged, load_checkpoint
 from tests.test_lra import TINY, run_folders
 from tests.test_train import make_trainer
@@ -110,7 +110,7 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_leaves_no_folder(
 ):
     """Ctrl-C while data is prepared (before any checkpoint): exit 130, one line, no folder."""
     from nyscli.bridge import launch
-    from nyscli.experiments import lra
+    from nyscli.experiments.lra import command as lra
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,8 +10,10 @@ from rich.console import Console
 
 from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceClassificationDataset
 from nyscli.data.subsets import ClassBalance, evaluation_subset, subset_indices
-from nyscli.experiments import bench, finetune, lra
-from nyscli.experiments.pretrain_objectives import frozen_batches
+from nyscli.experiments.bench import command as bench
+from nyscli.experiments.finetune import command as finetune
+from nyscli.experiments.lra import command as lra
+from nyscli.experiments.pretrain.objectives import frozen_batches
 from nyscli.experiments.training import baseline_fields, fit_schedule
 from nyscli.train import TrainerConfig, eval_batches
 from tests.test_lra import TINY, run_folders

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import torch
 
-from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
+from nyscli.files import atomic_writer, write_json
 from nyscli.models.bert import BertConfig, BertEncoder
-from nyscli.report.files import write_json
 from nyscli.tokenizers.tokenizer import FILE_NAME as TOKENIZER_FILE
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 from nyscli.train.checkpoint import shape_mismatch

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from nyscli.atomic import atomic_writer
 from nyscli.errors import UserInputError
+from nyscli.files import atomic_writer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -152,7 +152,7 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
         TimeRemainingColumn,
     )
 
-    from nyscli.report.console import console
+    from nyscli.console import console
 
     bar = Progress(
         TextColumn("[bold]{task.description}[/]"),

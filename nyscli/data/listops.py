@@ -51,7 +51,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from nyscli.atomic import atomic_writer
 from nyscli.data.common import (
     SPLITS,
     ClassificationCollate,
@@ -66,6 +65,7 @@ from nyscli.data.common import (
     require_file,
     require_path,
 )
+from nyscli.files import atomic_writer
 
 MIN, MAX, MED, SM, END = "[MIN", "[MAX", "[MED", "[SM", "]"
 OPERATORS = (MIN, MAX, MED, SM)

@@ -9,7 +9,7 @@ Pipeline of :func:`prepare_pretraining`:
 4. per split, SOP pairs as ALBERT builds them: a document's sentences are packed into chunks
    of at most ``max_len - 3`` tokens, each chunk is cut at a random sentence boundary into
    segments A (first) and B (second). Swapping and masking happen per batch in the collate
-   (``nyscli.experiments.pretrain_objectives``).
+   (``nyscli.experiments.pretrain.objectives``).
 """
 
 from __future__ import annotations

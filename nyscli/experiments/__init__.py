@@ -1,10 +1,10 @@
-"""One entry module per command (``approx_error``, ``bench``, ``lra``, ``pretrain``, ``finetune``,
-``report``), each with its own helper modules (``bench_*``, ``lra_*``, ``pretrain_*``,
-``finetune_*``, ``timing``, ``memory``); commands do not import each other. Shared: ``schema``
-(value rules) and ``training`` (what lra/pretrain/finetune check and do before training); the
-sweep summary callback sits above, beside the bridge (``nyscli.sweep_summary``). Each command
-exposes ``validate(cfg)``, ``run(cfg, run_dir, console)`` and ``render(df)``; the CLI bridge
-(``nyscli.bridge``) does the rest (run folder, CSV, env.json)."""
+"""One folder per command (``bench``, ``approx_error``, ``lra``, ``pretrain``, ``finetune``,
+``report``), each with ``command.py`` and its own helper modules; commands do not import each
+other (``report`` reads the others' results and figures). Shared by the training commands:
+``training`` (what lra/pretrain/finetune check and do before training) and ``schema`` (the
+config keys' rules). Each ``command`` exposes ``validate(cfg)``, ``run(cfg, run_dir, console)``
+and ``render(df)``; the CLI bridge (``nyscli.bridge``) does the rest (run folder, CSV,
+env.json)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from types import ModuleType
 
 # command name -> (module, primary config name in conf/)
 COMMANDS: dict[str, str] = {
-    "bench": "nyscli.experiments.bench",
-    "approx_error": "nyscli.experiments.approx_error",
-    "lra": "nyscli.experiments.lra",
-    "pretrain": "nyscli.experiments.pretrain",
-    "finetune": "nyscli.experiments.finetune",
+    "bench": "nyscli.experiments.bench.command",
+    "approx_error": "nyscli.experiments.approx_error.command",
+    "lra": "nyscli.experiments.lra.command",
+    "pretrain": "nyscli.experiments.pretrain.command",
+    "finetune": "nyscli.experiments.finetune.command",
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from nyscli.atomic import atomic_writer
+from nyscli.files import atomic_writer
 from nyscli.train.errors import CheckpointError
 
 FORMAT = "nys-trainer-v1"

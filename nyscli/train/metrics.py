@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from nyscli.report.files import write_atomic
+from nyscli.files import write_atomic
 
 METRICS_FILE = "metrics.csv"
 

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.errors import UserInputError
-from nyscli.report.runs import RESULTS_FILE
+from nyscli.output.runs import RESULTS_FILE
 from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
 from nyscli.train.errors import CheckpointError
 

@@ -30,13 +30,13 @@ from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
-from nyscli.experiments.finetune_model import (
+from nyscli.experiments.finetune.model import (
     current_overrides,
     fit_conv_skip,
     selected_attention,
     starting_point,
 )
-from nyscli.experiments.finetune_tasks import (
+from nyscli.experiments.finetune.tasks import (
     ClassificationObjective,
     dev_splits,
     load_examples,
@@ -47,8 +47,8 @@ from nyscli.experiments.finetune_tasks import (
 from nyscli.experiments.training import baseline_fields, class_balance
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.report.plots import pyplot, save_figure
-from nyscli.report.tables import flag_text, pct, rows_table
+from nyscli.output.plots import pyplot, save_figure
+from nyscli.output.tables import flag_text, pct, rows_table
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,

@@ -15,11 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nyscli.approx.methods import implied_matrix, implied_row_sums
-from nyscli.approx.metrics import pinv_residual, relative_error, rowsum_deviation, svd_tail_errors
-from nyscli.approx.sources import AttentionInputs
 from nyscli.attention.masking import masked_softmax
 from nyscli.attention.softmax import SoftmaxAttention
+from nyscli.experiments.approx_error.methods import implied_matrix, implied_row_sums
+from nyscli.experiments.approx_error.metrics import (
+    pinv_residual,
+    relative_error,
+    rowsum_deviation,
+    svd_tail_errors,
+)
+from nyscli.experiments.approx_error.sources import AttentionInputs
 
 Record = dict[str, Any]
 

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nyscli.experiments.bench_worker import READY_PREFIX, RESULT_PREFIX, TIME_PREFIX, summarize
+from nyscli.experiments.bench.worker import READY_PREFIX, RESULT_PREFIX, TIME_PREFIX, summarize
 
-WORKER = [sys.executable, "-m", "nyscli.experiments.bench_worker"]
+WORKER = [sys.executable, "-m", "nyscli.experiments.bench.worker"]
 
 
 class WorkerFailed(Exception):

@@ -9,14 +9,14 @@ from pathlib import Path
 import pandas as pd
 from rich.markup import escape
 
-from nyscli.approx.plots import error_vs_budget
+from nyscli.console import console
 from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS, experiment_module
-from nyscli.report.console import console
-from nyscli.report.curves import overlaid_curves
-from nyscli.report.files import write_csv
-from nyscli.report.plots import loglog_panels
-from nyscli.report.runs import RunFolder, aggregate, find_run_folders, load_run
+from nyscli.experiments.approx_error.plots import error_vs_budget
+from nyscli.files import write_csv
+from nyscli.output.curves import overlaid_curves
+from nyscli.output.plots import loglog_panels
+from nyscli.output.runs import RunFolder, aggregate, find_run_folders, load_run
 from nyscli.train.metrics import METRICS_FILE
 
 # A figure: (the command's runs that have results, their stacked results, the path prefix

@@ -23,9 +23,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from nyscli.experiments.report import show_report
-from nyscli.report.files import write_csv
-from nyscli.report.runs import aggregate, find_run_folders, load_run
+from nyscli.experiments.report.command import show_report
+from nyscli.files import write_csv
+from nyscli.output.runs import aggregate, find_run_folders, load_run
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nyscli.approx.metrics import METRICS
+from nyscli.experiments.approx_error.metrics import METRICS
 
 # Columns that tell runs apart when several are stacked (``nys report``); kept when they vary.
 RUN_KEYS = ("job", "source", "seq_len")

@@ -1,4 +1,6 @@
-"""The one atomic file writer: a crash never leaves a half-written file behind.
+"""Writing files: one atomic writer, and the CSV, JSON and text writers built on it.
+
+A crash never leaves a half-written file behind.
 
 Readers (and a crashed or concurrent writer) never see a partial file, so a cache may trust
 "file exists" to mean "file is complete", and a crash mid-save leaves the previous checkpoint
@@ -8,11 +10,14 @@ or results file untouched.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+import pandas as pd
 
 from nyscli.errors import naming
 
@@ -41,3 +46,23 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, write: Callable[[IO[str]], None]) -> Path:
+    """Write a text file by ``write(handle)`` through :func:`atomic_writer`."""
+    with atomic_writer(path, "w") as handle:
+        write(handle)
+    return Path(path)
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> Path:
+    """Full-precision CSV (floats round-trip exactly)."""
+    return write_atomic(path, lambda h: df.to_csv(h, index=False, float_format="%.17g"))
+
+
+def write_json(data: Any, path: Path) -> Path:
+    return write_atomic(path, lambda h: json.dump(data, h, indent=2, sort_keys=True, default=str))
+
+
+def write_text(text: str, path: Path) -> Path:
+    return write_atomic(path, lambda h: h.write(text))

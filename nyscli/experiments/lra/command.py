@@ -24,8 +24,8 @@ from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.lra_table import render_table3, write_table3
-from nyscli.experiments.lra_tasks import (
+from nyscli.experiments.lra.table import render_table3, write_table3
+from nyscli.experiments.lra.tasks import (
     DUAL_TASKS,
     TASKS,
     check_source,
@@ -45,8 +45,8 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models import POOLINGS, build_classifier
-from nyscli.report.curves import learning_curve
-from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
+from nyscli.output.curves import learning_curve
+from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,

@@ -35,7 +35,7 @@ from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.finetune_eval import (
+from nyscli.experiments.finetune.evaluate import (
     DEPLOYMENT_PLOT,
     by_length,
     deployment_plot,
@@ -43,7 +43,7 @@ from nyscli.experiments.finetune_eval import (
     evaluate_only,
     run_config,
 )
-from nyscli.experiments.finetune_model import (
+from nyscli.experiments.finetune.model import (
     SCRATCH,
     StartingPoint,
     check_conv_fit,
@@ -54,7 +54,7 @@ from nyscli.experiments.finetune_model import (
     selected_attention,
     starting_point,
 )
-from nyscli.experiments.finetune_tasks import (
+from nyscli.experiments.finetune.tasks import (
     TASKS,
     ClassificationObjective,
     dev_splits,
@@ -75,9 +75,9 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.report.curves import learning_curve
-from nyscli.report.paper import TABLE2
-from nyscli.report.tables import BASELINE_COLUMNS, pct, rows_table
+from nyscli.output.curves import learning_curve
+from nyscli.output.paper import TABLE2
+from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
     ShuffledBatches,

@@ -17,9 +17,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from nyscli.experiments.lra_tasks import TASKS
-from nyscli.report.files import write_csv
-from nyscli.report.plots import pyplot, save_figure
+from nyscli.experiments.lra.tasks import TASKS
+from nyscli.files import write_csv
+from nyscli.output.plots import pyplot, save_figure
 
 TABLE3_FILE = "table3.csv"
 CURVES_FILE = "curves_{task}.png"

@@ -2,7 +2,7 @@
 
 For every head of the chosen source (synthetic draws or a real BERT's layers), every method at
 every budget m: relative errors of the attention matrix and of the output, row-sum deviation,
-and Nyström's pseudo-inverse residual. The numerical work lives in ``nyscli.approx``.
+and Nyström's pseudo-inverse residual. The numerical work lives beside it in this package.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from rich.markup import escape
 from rich.progress import track
 from rich.table import Table
 
-from nyscli.approx import methods as approx_methods
-from nyscli.approx import plots, sources
-from nyscli.approx.evaluate import evaluate_head, iter_heads
-from nyscli.approx.metrics import METRIC_LABELS
-from nyscli.approx.sample_text import SAMPLE_TEXT
-from nyscli.approx.summary import per_layer, summarise
 from nyscli.attention import AttentionConfigError, available, build_attention
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.experiments.approx_error import methods as approx_methods
+from nyscli.experiments.approx_error import plots, sources
+from nyscli.experiments.approx_error.evaluate import evaluate_head, iter_heads
+from nyscli.experiments.approx_error.metrics import METRIC_LABELS
+from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
+from nyscli.experiments.approx_error.summary import per_layer, summarise
 from nyscli.train.resources import resolve_device
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}

@@ -8,9 +8,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from nyscli.approx.metrics import METRIC_LABELS
-from nyscli.approx.summary import summarise
-from nyscli.report.plots import loglog_panels, pyplot, save_figure
+from nyscli.experiments.approx_error.metrics import METRIC_LABELS
+from nyscli.experiments.approx_error.summary import summarise
+from nyscli.output.plots import loglog_panels, pyplot, save_figure
 
 PLOTTED = ("output_error", "matrix_error")
 MAX_PIXELS = 512  # larger matrices are block-averaged down to this many rows/columns

@@ -38,7 +38,7 @@ from nyscli.checkpoints.pretrained import (
 from nyscli.data.glue import TextExamples
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.errors import UserInputError
-from nyscli.experiments.finetune_tasks import seeded_subset
+from nyscli.experiments.finetune.tasks import seeded_subset
 from nyscli.experiments.training import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions

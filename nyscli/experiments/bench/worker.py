@@ -1,6 +1,6 @@
 """Measure one grid point of ``nys bench`` (one attention, one n) in a fresh process.
 
-Run as ``python -m nyscli.experiments.bench_worker '<json spec>'``: the worker warms up,
+Run as ``python -m nyscli.experiments.bench.worker '<json spec>'``: the worker warms up,
 measures the peak memory of one call, prints ``NYS_READY {json}`` and then times one call for
 every ``time`` line on its stdin (``NYS_TIME <ms>``), until any other line or end of input.
 A failure is one line ``NYS_RESULT {json}`` with its status (oom/error). ``nys bench`` keeps
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from nyscli.attention import MultiHeadAttention, build_attention
-from nyscli.experiments.memory import warm_peak_mb
-from nyscli.experiments.timing import time_call_ms
+from nyscli.experiments.bench.memory import warm_peak_mb
+from nyscli.experiments.bench.timing import time_call_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULT_PREFIX = "NYS_RESULT "

@@ -41,7 +41,7 @@ from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pr
 from nyscli.data.subsets import SUBSET_SEED
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.pretrain_objectives import (
+from nyscli.experiments.pretrain.objectives import (
     DISTILL_METRICS,
     METRICS,
     Batch,
@@ -62,8 +62,8 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, with_attention
-from nyscli.report.plots import pyplot, save_figure
-from nyscli.report.tables import pct, rows_table
+from nyscli.output.plots import pyplot, save_figure
+from nyscli.output.tables import pct, rows_table
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,

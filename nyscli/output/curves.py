@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nyscli.report.plots import pyplot, save_figure
+from nyscli.output.plots import pyplot, save_figure
 
 
 def learning_curve(

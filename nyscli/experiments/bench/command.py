@@ -26,10 +26,10 @@ from rich.text import Text
 from nyscli.attention import AttentionConfigError, MultiHeadAttention, attention_label
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
-from nyscli.experiments.bench_rounds import busy_hint, measure_interleaved
-from nyscli.experiments.bench_worker import DTYPES
-from nyscli.report.paper import table1_rows
-from nyscli.report.plots import loglog_panels
+from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
+from nyscli.experiments.bench.worker import DTYPES
+from nyscli.output.paper import table1_rows
+from nyscli.output.plots import loglog_panels
 from nyscli.train.resources import DEVICES, resolve_device
 
 log = logging.getLogger(__name__)
