@@ -40,7 +40,6 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.markup import escape
 
 from nyscli import ranks
-from nyscli.attention import AttentionConfigError
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
@@ -57,7 +56,8 @@ log = logging.getLogger("nys")
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
 BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)
-USER_ERRORS = (UserInputError, AttentionConfigError, HydraException, OmegaConfBaseException)
+# AttentionConfigError and DataError are UserInputErrors too.
+USER_ERRORS = (UserInputError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
 LAUNCHER_PACKAGES = {
     "joblib": "hydra-joblib-launcher",

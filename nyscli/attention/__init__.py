@@ -2,7 +2,8 @@
 
 A core maps q, k, v: (batch, heads, n, head_dim) and an optional bool key_padding_mask
 (batch, n) (True = real token) to (batch, heads, n, head_dim). ``MultiHeadAttention`` wraps a
-core with projections. This package imports nothing else from ``nyscli``.
+core with projections. Each core declares its options (rules) and its budget key once.
+This package imports nothing from ``nyscli`` but the ground floor (``errors``, ``rules``).
 """
 
 from nyscli.attention import (  # noqa: F401  (registers the cores)
@@ -15,14 +16,26 @@ from nyscli.attention import (  # noqa: F401  (registers the cores)
     softmax,
 )
 from nyscli.attention.errors import AttentionConfigError
-from nyscli.attention.multihead import MultiHeadAttention
-from nyscli.attention.registry import attention_label, available, build_attention, core_class
+from nyscli.attention.multihead import MultiHeadAttention, check_width
+from nyscli.attention.registry import (
+    attention_label,
+    available,
+    budget,
+    budget_key,
+    build_attention,
+    check_config,
+    core_class,
+)
 
 __all__ = [
     "attention_label",
     "AttentionConfigError",
     "MultiHeadAttention",
     "available",
+    "budget",
+    "budget_key",
     "build_attention",
+    "check_config",
+    "check_width",
     "core_class",
 ]

@@ -1,34 +1,33 @@
-"""The one exception type the attention core raises for bad configuration or bad input."""
+"""The one exception type the attention core raises, and the check of a core's options.
+
+Each core declares its options once, as rules (``options = {"num_landmarks": Int(low=1)}``,
+from the ground floor's :mod:`nyscli.rules`); its constructor checks every argument against
+them with :func:`option`, and the CLI checks a config against the same rules before anything
+is built (:func:`nyscli.attention.registry.check_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nyscli.errors import UserInputError
+from nyscli.rules import Fixed
 
 
-class AttentionConfigError(ValueError):
+class AttentionConfigError(UserInputError):
     """A user-facing problem with an attention configuration or its inputs.
 
     The message names the bad value and what is allowed; the CLI prints it as one line.
     """
 
 
-def require_int(key: str, value: object, minimum: int | None) -> int:
-    """``value`` if it is an integer (>= ``minimum`` unless None); else the one-line error.
-
-    A bool is refused too: ``True`` is an ``int`` to Python but never a sensible size or seed.
-    """
-    too_small = minimum is not None and isinstance(value, int) and value < minimum
-    if isinstance(value, bool) or not isinstance(value, int) or too_small:
-        allowed = "an integer" if minimum is None else f"an integer >= {minimum}"
-        raise AttentionConfigError(f"attention.{key}={value} is not allowed; it must be {allowed}")
+def option(core: object, key: str, value: Any) -> Any:
+    """``value`` if it passes the rule ``type(core).options[key]``; else the one-line error
+    ``attention.<key>=<value> is not allowed; it must be ...``."""
+    type(core).options[key].check(f"attention.{key}", value, AttentionConfigError)
     return value
 
 
-def require_choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``; else the one-line error listing them."""
-    if value not in allowed:
-        raise AttentionConfigError(
-            f"attention.{key}={value} is not allowed; choose one of: {', '.join(allowed)}"
-        )
-    return str(value)
-
-
-def refuse_causal(name: str, why: str) -> None:
-    """The one-line error for a core that cannot be causal; ``why`` says what looks ahead."""
-    raise AttentionConfigError(f"{name} attention cannot be causal: {why}")
+def not_causal(name: str, why: str) -> Fixed:
+    """The rule of ``causal`` for a core that cannot be causal; ``why`` says what looks ahead."""
+    return Fixed(value=False, why=f"{name} attention cannot be causal: {why}")

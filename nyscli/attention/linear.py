@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nyscli.attention.errors import option
 from nyscli.attention.kernelized import kernelized_attention
 from nyscli.attention.masking import check_qkv, zero_padded
 from nyscli.attention.registry import register
+from nyscli.rules import Bool
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -25,9 +27,12 @@ class LinearAttention(nn.Module):
         causal: query i sees keys j <= i only (prefix sums over the sequence).
     """
 
+    options = {"causal": Bool()}
+    budget_key = None
+
     def __init__(self, causal: bool = False) -> None:
         super().__init__()
-        self.causal = bool(causal)
+        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "linear"

@@ -7,9 +7,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention.errors import AttentionConfigError, refuse_causal, require_int
+from nyscli.attention.errors import AttentionConfigError, not_causal, option
 from nyscli.attention.masking import check_qkv, zero_padded
 from nyscli.attention.registry import register
+from nyscli.rules import Int
 
 
 @register("linformer")
@@ -27,13 +28,18 @@ class LinformerAttention(nn.Module):
         causal: not supported; every projected key mixes the whole sequence.
     """
 
+    options = {
+        "proj_dim": Int(low=1),
+        "max_seq_len": Int(low=1),
+        "causal": not_causal("linformer", "each projected key and value mixes all positions"),
+    }
+    budget_key = "proj_dim"
+
     def __init__(self, proj_dim: int = 256, max_seq_len: int = 16384, causal: bool = False) -> None:
         super().__init__()
-        if causal:
-            refuse_causal("linformer", "each projected key and value mixes all positions")
-        self.proj_dim = require_int("proj_dim", proj_dim, 1)
-        self.max_seq_len = require_int("max_seq_len", max_seq_len, 1)
-        self.causal = False
+        self.causal = option(self, "causal", causal)
+        self.proj_dim = option(self, "proj_dim", proj_dim)
+        self.max_seq_len = option(self, "max_seq_len", max_seq_len)
         # The Linformer paper initialises the projections from N(0, 1/k).
         std = 1.0 / math.sqrt(proj_dim)
         self.proj_k = nn.Parameter(torch.randn(proj_dim, max_seq_len) * std)

@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nyscli.attention.chunking import in_head_groups
-from nyscli.attention.errors import AttentionConfigError, require_int
+from nyscli.attention.errors import option
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
+from nyscli.rules import Bool, Int
 
 # Smallest query block: below this the per-block overhead outweighs the saved band entries.
 MIN_BLOCK = 16
@@ -42,17 +43,19 @@ class LongformerAttention(nn.Module):
             and the global tokens before it.
     """
 
+    options = {
+        # Odd: the token itself plus the same number of neighbours on each side.
+        "window": Int(low=1, odd=True),
+        "global_tokens": Int(low=0),
+        "causal": Bool(),
+    }
+    budget_key = "window"
+
     def __init__(self, window: int = 257, global_tokens: int = 0, causal: bool = False) -> None:
         super().__init__()
-        require_int("window", window, 1)
-        if window % 2 == 0:
-            raise AttentionConfigError(
-                f"attention.window={window} is not allowed; it must be odd (the token itself "
-                "plus the same number of neighbours on each side)"
-            )
-        self.window = window
-        self.global_tokens = require_int("global_tokens", global_tokens, 0)
-        self.causal = bool(causal)
+        self.window = option(self, "window", window)
+        self.global_tokens = option(self, "global_tokens", global_tokens)
+        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return f"longformer-{self.window}"

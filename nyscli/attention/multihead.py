@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.masking import zero_padded
-from nyscli.attention.registry import build_attention
+from nyscli.attention.registry import build_attention, check_config
 
 CHANNELS_LAST = torch.channels_last
 
@@ -56,6 +56,12 @@ class ValueConvSkip(nn.Module):
         return y.unflatten(1, (h, d)).transpose(2, 3)  # (B, H, n, d), a view
 
 
+def check_width(dim: int, num_heads: int) -> None:
+    """The one-line error unless ``dim`` splits into ``num_heads`` equal heads."""
+    if dim % num_heads:
+        raise AttentionConfigError(f"hidden size {dim} is not divisible by num_heads={num_heads}")
+
+
 class MultiHeadAttention(nn.Module):
     """x: (B, n, dim) -> (B, n, dim): project to heads, run the core, add the conv skip, project.
 
@@ -68,20 +74,14 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, attention: Mapping[str, Any]) -> None:
         super().__init__()
-        if dim % num_heads:
-            raise AttentionConfigError(
-                f"hidden size {dim} is not divisible by num_heads={num_heads}"
-            )
+        check_width(dim, num_heads)
+        check_config(attention)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.core = build_attention(attention)
         kernel = int(attention.get("conv_kernel_size", 0) or 0)
-        if kernel < 0:
-            raise AttentionConfigError(
-                f"attention.conv_kernel_size={kernel} is not allowed; use 0 (off) or a size >= 1"
-            )
         self.conv_skip = ValueConvSkip(num_heads, kernel) if kernel else None
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nyscli.attention.errors import refuse_causal, require_choice, require_int
+from nyscli.attention.errors import not_causal, option
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
     select_landmarks,
@@ -19,6 +19,7 @@ from nyscli.attention.nystrom_cpu import fused_path_applies, fused_segment_means
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
+from nyscli.rules import Choice, Int
 
 
 @register("nystrom")
@@ -45,6 +46,18 @@ class NystromAttention(nn.Module):
     # turn it off to compare with plain autograd.
     fused_cpu_backward = True
 
+    options = {
+        "num_landmarks": Int(low=1),
+        "pinv": Choice(PINV_METHODS),
+        "pinv_iterations": Int(low=1),
+        "pinv_init": Choice(PINV_INITS),
+        "landmarks": Choice(LANDMARK_METHODS),
+        "kmeans_iterations": Int(low=0),  # 0: the random draw itself (no Lloyd step)
+        "seed": Int(),
+        "causal": not_causal("nystrom", "its landmarks average over future tokens"),
+    }
+    budget_key = "num_landmarks"
+
     def __init__(
         self,
         num_landmarks: int = 64,
@@ -57,16 +70,14 @@ class NystromAttention(nn.Module):
         causal: bool = False,
     ) -> None:
         super().__init__()
-        if causal:
-            refuse_causal("nystrom", "its landmarks average over future tokens")
-        self.num_landmarks = require_int("num_landmarks", num_landmarks, 1)
-        self.pinv = require_choice("pinv", pinv, PINV_METHODS)
-        self.pinv_init = require_choice("pinv_init", pinv_init, PINV_INITS)
-        self.pinv_iterations = require_int("pinv_iterations", pinv_iterations, 1)
-        self.landmarks = require_choice("landmarks", landmarks, LANDMARK_METHODS)
-        self.kmeans_iterations = require_int("kmeans_iterations", kmeans_iterations, 0)
-        self.seed = require_int("seed", seed, None)
-        self.causal = False
+        self.causal = option(self, "causal", causal)
+        self.num_landmarks = option(self, "num_landmarks", num_landmarks)
+        self.pinv = option(self, "pinv", pinv)
+        self.pinv_init = option(self, "pinv_init", pinv_init)
+        self.pinv_iterations = option(self, "pinv_iterations", pinv_iterations)
+        self.landmarks = option(self, "landmarks", landmarks)
+        self.kmeans_iterations = option(self, "kmeans_iterations", kmeans_iterations)
+        self.seed = option(self, "seed", seed)
         self.exact = SoftmaxAttention()
 
     def label(self) -> str:

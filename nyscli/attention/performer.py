@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention.errors import AttentionConfigError, require_int
+from nyscli.attention.errors import AttentionConfigError, option
 from nyscli.attention.kernelized import kernelized_attention
 from nyscli.attention.masking import check_qkv
 from nyscli.attention.registry import register
+from nyscli.rules import Bool, Int
 
 
 def orthogonal_gaussian(num_rows: int, dim: int, generator: torch.Generator) -> Tensor:
@@ -79,14 +80,17 @@ class PerformerAttention(nn.Module):
         causal: query i sees keys j <= i only (chunked prefix sums).
     """
 
+    options = {"num_features": Int(low=1), "redraw": Bool(), "seed": Int(), "causal": Bool()}
+    budget_key = "num_features"
+
     def __init__(
         self, num_features: int = 256, redraw: bool = False, seed: int = 0, causal: bool = False
     ) -> None:
         super().__init__()
-        self.num_features = require_int("num_features", num_features, 1)
-        self.seed = require_int("seed", seed, None)
-        self.redraw = bool(redraw)
-        self.causal = bool(causal)
+        self.num_features = option(self, "num_features", num_features)
+        self.seed = option(self, "seed", seed)
+        self.redraw = option(self, "redraw", redraw)
+        self.causal = option(self, "causal", causal)
         self.generator = torch.Generator().manual_seed(seed)
         # Sized by the head dimension, known only at the first forward (or from a checkpoint).
         self.register_buffer("projection", None)

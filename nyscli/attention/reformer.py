@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nyscli.attention.errors import refuse_causal, require_int
+from nyscli.attention.errors import not_causal, option
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
+from nyscli.rules import Int
 
 # Tokens hashed at a time: bounds the (tokens x n_buckets) rotated vectors.
 HASH_SLICE = 1024
@@ -68,16 +69,22 @@ class ReformerAttention(nn.Module):
         causal: not supported.
     """
 
+    options = {
+        "n_hashes": Int(low=1),
+        "bucket_size": Int(low=1),
+        "seed": Int(),
+        "causal": not_causal("reformer", "sorting by hash bucket mixes future tokens into chunks"),
+    }
+    budget_key = "n_hashes"
+
     def __init__(
         self, n_hashes: int = 2, bucket_size: int = 64, seed: int = 0, causal: bool = False
     ) -> None:
         super().__init__()
-        if causal:
-            refuse_causal("reformer", "sorting by hash bucket mixes future tokens into chunks")
-        self.n_hashes = require_int("n_hashes", n_hashes, 1)
-        self.bucket_size = require_int("bucket_size", bucket_size, 1)
-        self.seed = require_int("seed", seed, None)
-        self.causal = False
+        self.causal = option(self, "causal", causal)
+        self.n_hashes = option(self, "n_hashes", n_hashes)
+        self.bucket_size = option(self, "bucket_size", bucket_size)
+        self.seed = option(self, "seed", seed)
 
     def label(self) -> str:
         return f"reformer-{self.n_hashes}"

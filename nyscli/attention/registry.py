@@ -10,21 +10,34 @@ from typing import Any, TypeVar
 from torch import nn
 
 from nyscli.attention.errors import AttentionConfigError
+from nyscli.rules import Int
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
 
-# Keys that configure the multi-head wrapper, not the core itself.
-WRAPPER_KEYS = frozenset({"name", "conv_kernel_size"})
+# Options of the multi-head wrapper, not of the core (besides ``name``): 0 = no conv skip.
+WRAPPER_OPTIONS = {"conv_kernel_size": Int(low=0)}
+WRAPPER_KEYS = frozenset({"name", *WRAPPER_OPTIONS})
 
 T = TypeVar("T", bound=type[nn.Module])
 
 
 def register(name: str) -> Callable[[T], T]:
-    """Class decorator: make an attention core available under ``name`` in configs."""
+    """Class decorator: make an attention core available under ``name`` in configs.
+
+    A core declares ``options`` (its constructor's keyword arguments -> a rule from
+    :mod:`nyscli.rules`) and ``budget_key`` (the option that sets its cost, or None for exact
+    attention): the one place each is written.
+    """
 
     def add(cls: T) -> T:
         if name in _REGISTRY:
             raise RuntimeError(f"attention '{name}' registered twice")
+        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        declared = getattr(cls, "options", None)
+        if declared is None or sorted(declared) != sorted(params):
+            raise RuntimeError(f"attention '{name}' must declare options for {params}")
+        if getattr(cls, "budget_key", "") not in (None, *params):
+            raise RuntimeError(f"attention '{name}': budget_key must be one of {params} or None")
         _REGISTRY[name] = cls
         cls.registry_name = name
         return cls
@@ -66,6 +79,34 @@ def core_options(config: Mapping[str, Any]) -> tuple[type[nn.Module], dict[str, 
             f"allowed: {', '.join(accepted + sorted(WRAPPER_KEYS - {'name'}))}"
         )
     return cls, kwargs
+
+
+def check_config(config: Mapping[str, Any], prefix: str = "attention") -> None:
+    """Check ``config`` against its core's declared options without building it (no weights,
+    no random draws): the name, unknown keys, then every value; one-line errors naming
+    ``<prefix>.<key>``."""
+    cls, kwargs = core_options(config)
+    for key, value in config.items():
+        rule = WRAPPER_OPTIONS.get(key) or cls.options.get(key)
+        if rule is not None:
+            rule.check(f"{prefix}.{key}", value, AttentionConfigError)
+
+
+def budget_key(config: Mapping[str, Any]) -> str | None:
+    """The option that sets the cost of the core ``config`` names (``num_landmarks``,
+    ``proj_dim``, ``window``, ...), or None for exact attention."""
+    return core_class(str(config.get("name"))).budget_key
+
+
+def budget(config: Mapping[str, Any]) -> int | None:
+    """The value of the core's budget option (its class default if ``config`` omits it), or
+    None for exact attention."""
+    key = budget_key(config)
+    if key is None:
+        return None
+    if key in config:
+        return config[key]
+    return inspect.signature(core_class(str(config["name"]))).parameters[key].default
 
 
 def build_attention(config: Mapping[str, Any]) -> nn.Module:

@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nyscli.attention.errors import option
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
+from nyscli.rules import Bool
 
 
 def keep_mask(
@@ -33,9 +35,12 @@ class SoftmaxAttention(nn.Module):
     without a mask; with a mask it may fall back to the math kernel.
     """
 
+    options = {"causal": Bool()}
+    budget_key = None
+
     def __init__(self, causal: bool = False) -> None:
         super().__init__()
-        self.causal = causal
+        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "softmax (SDPA)"
@@ -60,9 +65,12 @@ class SoftmaxAttention(nn.Module):
 class NaiveSoftmaxAttention(nn.Module):
     """Exact attention with the n x n matrix written out (the paper's "Transformer" row)."""
 
+    options = {"causal": Bool()}
+    budget_key = None
+
     def __init__(self, causal: bool = False) -> None:
         super().__init__()
-        self.causal = causal
+        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "softmax_naive"

@@ -12,7 +12,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention
+from nyscli.attention import check_width
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
@@ -52,16 +52,10 @@ def check_values(cfg: DictConfig, rules: Mapping[str, schema.Rule]) -> None:
 
 
 def check_attention(cfg: DictConfig) -> None:
-    """Build one attention module of the configured width, so a bad value fails in one line."""
+    """The attention's options against its core's rules, and the model's width against its
+    heads: one-line errors, nothing built."""
     schema.check_attentions([("attention", cfg.attention)])
-    try:
-        MultiHeadAttention(
-            cfg.model.dim,
-            cfg.model.num_heads,
-            OmegaConf.to_container(cfg.attention, resolve=True),
-        )
-    except AttentionConfigError as error:
-        raise UserInputError(str(error)) from error
+    check_width(cfg.model.dim, cfg.model.num_heads)
 
 
 def resume_plan(cfg: DictConfig, run_dir: Path | None = None) -> ResumePlan:

@@ -8,10 +8,44 @@ from dataclasses import dataclass
 from typing import Any
 
 from nyscli.errors import UserInputError
+from nyscli.rules import Bool, Choice, Float, Int, Rule, Text
 from nyscli.train.schedule import DECAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MONITOR_MODES = ("max", "min")
+_COUNT = Int(low=1)
+_OPTIONAL_COUNT = Int(low=1, null=True)
+_PROBABILITY = Float(low=0.0, high=1.0, high_open=True)
+
+# What each trainer setting may hold, the one source: TrainerConfig.check and the CLI's config
+# check (nyscli.experiments.schema) both read it.
+TRAINER: dict[str, Rule] = {
+    "max_steps": _COUNT,
+    "planned_steps": _OPTIONAL_COUNT,
+    "batch_size": _COUNT,
+    "accumulate": _COUNT,
+    "lr": Float(low=0.0, low_open=True),
+    "weight_decay": Float(low=0.0),
+    "beta1": _PROBABILITY,
+    "beta2": _PROBABILITY,
+    "eps": Float(low=0.0, low_open=True),
+    "warmup_steps": Int(low=0),
+    "decay": Choice(DECAYS),
+    "min_lr_ratio": Float(low=0.0, high=1.0),
+    "clip_grad_norm": Float(low=0.0, low_open=True, null=True),
+    "precision": Choice(PRECISIONS),
+    "eval_every": _COUNT,
+    "eval_examples": _OPTIONAL_COUNT,
+    "eval_batch_size": _OPTIONAL_COUNT,
+    "log_every": _COUNT,
+    "checkpoint_every": _OPTIONAL_COUNT,
+    "monitor": Text(),
+    "monitor_mode": Choice(MONITOR_MODES),
+    "bucket": _COUNT,
+    "stop_at_step": _OPTIONAL_COUNT,
+    "progress": Bool(),
+    "nproc_per_node": _COUNT,
+}
 
 
 @dataclass(frozen=True)
@@ -60,23 +94,9 @@ class TrainerConfig:
         return cfg
 
     def check(self) -> None:
-        positive = ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "bucket")
-        for key in (*positive, "nproc_per_node"):
-            _at_least(getattr(self, key), f"trainer.{key}", 1)
-        optional = ("eval_examples", "eval_batch_size", "checkpoint_every", "stop_at_step")
-        for key in (*optional, "planned_steps"):
-            if getattr(self, key) is not None:
-                _at_least(getattr(self, key), f"trainer.{key}", 1)
-        _at_least(self.warmup_steps, "trainer.warmup_steps", 0)
-        if not self.lr > 0:
-            raise UserInputError(f"trainer.lr={self.lr} is not allowed; it must be > 0")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise UserInputError(
-                f"trainer.clip_grad_norm={self.clip_grad_norm} is not allowed; use > 0 or null"
-            )
-        _one_of(self.precision, "trainer.precision", PRECISIONS)
-        _one_of(self.decay, "trainer.decay", DECAYS)
-        _one_of(self.monitor_mode, "trainer.monitor_mode", MONITOR_MODES)
+        """Every setting against :data:`TRAINER`; one-line errors naming ``trainer.<key>``."""
+        for key, rule in TRAINER.items():
+            rule.check(f"trainer.{key}", getattr(self, key))
 
     @property
     def save_every(self) -> int:
@@ -111,13 +131,3 @@ class TrainerConfig:
             f"{scaled} (scaled by {cap}/{planned}; set trainer.{'/'.join(changes)} to override)"
         )
         return dataclasses.replace(self, **changes), note
-
-
-def _at_least(value: Any, key: str, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UserInputError(f"{key}={value} is not allowed; it must be an integer >= {low}")
-
-
-def _one_of(value: Any, key: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")

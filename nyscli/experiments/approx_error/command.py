@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import track
 from rich.table import Table
 
-from nyscli.attention import AttentionConfigError, available, build_attention
+from nyscli.attention import available
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
@@ -112,10 +112,7 @@ def validate(cfg: DictConfig) -> None:
             f"attention={cfg.attention.get('name')} is not allowed here: attention.* holds the "
             "Nyström settings; pick rivals with methods=[...]"
         )
-    try:
-        build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
-    except AttentionConfigError as error:
-        raise UserInputError(str(error)) from None
+    schema.check_attentions([("attention", cfg.attention)])
     if cfg.source == "checkpoint":
         if cfg.text_path is not None and not Path(cfg.text_path).is_file():
             raise UserInputError(f"text_path={cfg.text_path} is not a readable file")

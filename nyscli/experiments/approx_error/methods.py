@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention import build_attention
+from nyscli.attention import budget_key, build_attention
 
 # Nyström variants: method name -> landmark selection (None = as in the attention config).
 NYSTROM_VARIANTS: dict[str, str | None] = {
@@ -55,19 +55,21 @@ def core_config(
     override the number and selection of landmarks.
     """
     if method in NYSTROM_VARIANTS:
-        config = {**attention, "num_landmarks": budget}
+        config = {**attention, budget_key(attention): budget}
         if NYSTROM_VARIANTS[method] is not None:
             config["landmarks"] = NYSTROM_VARIANTS[method]
         return config
+    if method not in METHODS:
+        raise ValueError(f"unknown approximation method {method!r}")
+    config: dict[str, Any] = {"name": method}
+    key = budget_key(config)
+    if key is not None:  # Longformer's window is odd: the token and m/2 neighbours each side
+        config[key] = budget + 1 - budget % 2 if method == "longformer" else budget
     if method == "linformer":
-        return {"name": "linformer", "proj_dim": budget, "max_seq_len": n}
+        config["max_seq_len"] = n
     if method == "performer":
-        return {"name": "performer", "num_features": budget, "seed": seed}
-    if method == "longformer":
-        return {"name": "longformer", "window": budget + 1 - budget % 2}
-    if method == "linear":
-        return {"name": "linear"}
-    raise ValueError(f"unknown approximation method {method!r}")
+        config["seed"] = seed
+    return config
 
 
 def build_core(config: Mapping[str, Any], seed: int) -> nn.Module:

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from nyscli.attention import AttentionConfigError, MultiHeadAttention, attention_label
+from nyscli.attention import attention_label
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
@@ -118,11 +118,6 @@ def validate(cfg: DictConfig) -> None:
             "attention_set=none measures only an attention given on the command line; "
             "add attention=<name> (e.g. attention=nystrom) or pick attention_set=table1"
         )
-    try:
-        for row in attention_rows(cfg, include_selected=True):
-            MultiHeadAttention(8 * cfg.num_heads, cfg.num_heads, row)
-    except AttentionConfigError as error:
-        raise UserInputError(str(error)) from error
     labels = [attention_label(row) for row in rows]
     names = [str(row.get("name")) for row in rows]
     # render() matches a row by its label, or by its attention name when that names one row

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 from torch.utils.data import Subset
 
-from nyscli.attention import attention_label
+from nyscli.attention import attention_label, budget
 from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.data.subsets import ClassBalance
@@ -183,11 +183,10 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
 
 
 def _budget(attention: dict[str, Any]) -> float:
-    """The attention's size knob (landmarks, features, projection, window); NaN for exact."""
-    for key in ("num_landmarks", "num_features", "proj_dim", "window", "num_hashes"):
-        if key in attention:
-            return float(attention[key])
-    return math.nan
+    """The value of the core's declared budget option (landmarks, features, projection, window,
+    hashes); NaN for exact attention."""
+    value = budget(attention)
+    return math.nan if value is None else float(value)
 
 
 def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
@@ -207,7 +206,7 @@ def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
     majority = rows.majority_rate.iloc[0]
     ax.axhline(100 * majority, ls=":", color="grey", label="majority class")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget (landmarks / features / projection / window)")
+    ax.set_xlabel("budget (landmarks / features / projection / window / hashes)")
     ax.set_ylabel(f"{rows.split.iloc[0]} accuracy (%)")
     ax.set_title(f"Direct deployment: {rows.task.iloc[0]}, attention swapped, no retraining")
     ax.legend(fontsize=8)

@@ -1,0 +1,181 @@
+"""What a value may be, as data: ``Int(low=1)``, ``Choice(("a", "b"))``, ... (the ground floor).
+
+A rule checks one value and says in words what is allowed, so every refusal reads
+``<key>=<value> is not allowed; it must be <allowed>``. Rules are declared once, beside what they
+govern (an attention core's options, the trainer's settings, a command's keys), and read by
+whoever checks them (``nyscli.experiments.schema`` checks a whole config against them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nyscli.errors import UserInputError
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Base: ``null`` allows None; subclasses say what else is allowed (their own fields come
+    first, so ``Choice(("a", "b"))`` reads as it should; ``null`` is keyword-only)."""
+
+    null: bool = field(default=False, kw_only=True)
+
+    def ok(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def allowed(self) -> str:
+        raise NotImplementedError
+
+    def check(self, key: str, value: Any, error: type[ValueError] = UserInputError) -> None:
+        """Raise ``error`` (one line naming ``key``, ``value`` and what is allowed) unless
+        ``value`` passes."""
+        if value is None and self.null:
+            return
+        if value is None or not self.ok(value):
+            allowed = self.allowed() + (" or null" if self.null else "")
+            raise error(f"{key}={show(value)} is not allowed; it must be {allowed}")
+
+
+@dataclass(frozen=True)
+class Int(Rule):
+    """An integer in [low, high] (either bound optional); ``odd``: odd ones only."""
+
+    low: int | None = None
+    high: int | None = None
+    odd: bool = False
+
+    def ok(self, value: Any) -> bool:
+        return (
+            _is_int(value)
+            and (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+            and (not self.odd or value % 2 == 1)
+        )
+
+    def allowed(self) -> str:
+        kind = "an odd integer" if self.odd else "an integer"
+        if self.high is not None and self.low is not None:
+            return f"{kind} from {self.low} to {self.high}"
+        return kind + (f" >= {self.low}" if self.low is not None else "")
+
+
+@dataclass(frozen=True)
+class Float(Rule):
+    """A number (int or float) between ``low`` and ``high``; ``*_open`` excludes the bound."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def ok(self, value: Any) -> bool:
+        if not _is_number(value) or value != value:  # NaN compares unequal to itself
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def allowed(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return "a number" + (" " + " and ".join(parts) if parts else "")
+
+
+@dataclass(frozen=True)
+class Bool(Rule):
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def allowed(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
+class Choice(Rule):
+    values: tuple[str, ...] = ()
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.values
+
+    def allowed(self) -> str:
+        return "one of: " + ", ".join(self.values)
+
+
+@dataclass(frozen=True)
+class ChoiceList(Rule):
+    """A non-empty list of distinct ``values`` (a single value also passes)."""
+
+    values: tuple[str, ...] = ()
+
+    def ok(self, value: Any) -> bool:
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        return (
+            bool(items)
+            and all(isinstance(v, str) and v in self.values for v in items)
+            and len(set(items)) == len(items)
+        )
+
+    def allowed(self) -> str:
+        return "one or a list of distinct: " + ", ".join(self.values)
+
+
+@dataclass(frozen=True)
+class Text(Rule):
+    """A non-empty string (a path, a name)."""
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str) and value.strip() != ""
+
+    def allowed(self) -> str:
+        return "a non-empty text"
+
+
+@dataclass(frozen=True)
+class IntList(Rule):
+    """A non-empty list of integers >= ``low`` (a single integer also passes)."""
+
+    low: int = 1
+
+    def ok(self, value: Any) -> bool:
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        return bool(items) and all(_is_int(v) and v >= self.low for v in items)
+
+    def allowed(self) -> str:
+        return f"a non-empty list of integers >= {self.low}, e.g. [64,128]"
+
+
+def show(value: Any) -> str:
+    """A value as the user would type it on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(show(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Fixed(Rule):
+    """Exactly ``value``; ``why`` says why nothing else is (e.g. a core that cannot be causal)."""
+
+    value: Any = None
+    why: str = ""
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is type(self.value) and value == self.value
+
+    def allowed(self) -> str:
+        return show(self.value) + (f" ({self.why})" if self.why else "")

@@ -1,0 +1,111 @@
+"""One source per rule: what the CLI checks before a run is what the code enforces.
+
+Each attention core declares its options and its budget key once; the config check of every
+command (``schema.check_attentions``) and the core's constructor read the same rules, the
+trainer's ranges live in ``nyscli.train.config.TRAINER`` and are read by both
+``TrainerConfig.check`` and the CLI's check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from nyscli.attention import (
+    AttentionConfigError,
+    available,
+    budget,
+    budget_key,
+    build_attention,
+    core_class,
+)
+from nyscli.errors import UserInputError
+from nyscli.experiments import schema
+from nyscli.experiments.finetune.evaluate import _budget
+from nyscli.rules import Choice, Fixed, Float, Int
+from nyscli.train.config import TRAINER, TrainerConfig
+
+PROBES = (-1, 0, 1, 2, 3, True, False, 2.5, "x", None)
+
+
+def outcome(call) -> bool:
+    try:
+        call()
+    except UserInputError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", available())
+def test_cli_check_and_core_constructor_accept_the_same_values(name):
+    """For every option of every core, every probe value: the CLI's check (nothing built)
+    accepts it exactly when the core's constructor does."""
+    cls = core_class(name)
+    for key in cls.options:
+        for value in PROBES:
+            config = {"name": name, key: value}
+            if name == "linformer":  # keep the projections small; the rule is what is tested
+                config.setdefault("max_seq_len", 8)
+            cli = outcome(lambda c=config: schema.check_attentions([("attention", c)]))
+            core = outcome(lambda c=config: build_attention(c))
+            assert cli == core, (name, key, value, cli, core)
+
+
+def test_kmeans_iterations_zero_is_accepted_by_both():
+    """Once refused by the CLI's own table while the core accepted it: 0 Lloyd steps is the
+    random draw itself."""
+    config = {"name": "nystrom", "landmarks": "kmeans", "kmeans_iterations": 0}
+    schema.check_attentions([("attention", OmegaConf.create(config))])
+    assert build_attention(config).kmeans_iterations == 0
+    with pytest.raises(AttentionConfigError, match=r"kmeans_iterations=-1 .* integer >= 0"):
+        schema.check_attentions([("attention", {**config, "kmeans_iterations": -1})])
+
+
+def test_every_core_declares_its_options_and_budget_key():
+    """The declared options are exactly the constructor's keyword arguments, and the budget
+    key is one of them (None for exact attention)."""
+    knobs = {}
+    for name in available():
+        cls = core_class(name)
+        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        assert sorted(cls.options) == sorted(params)
+        knobs[name] = cls.budget_key
+    assert knobs == {
+        "linear": None,
+        "linformer": "proj_dim",
+        "longformer": "window",
+        "nystrom": "num_landmarks",
+        "performer": "num_features",
+        "reformer": "n_hashes",
+        "softmax": None,
+        "softmax_naive": None,
+    }
+    not_causal = {n for n in available() if isinstance(core_class(n).options["causal"], Fixed)}
+    assert not_causal == {"nystrom", "linformer", "reformer"}
+    assert isinstance(core_class("nystrom").options["pinv"], Choice)
+
+
+def test_deployment_budget_reads_the_declared_key_reformer_included():
+    """The deployment report once looked for num_hashes (Reformer's key is n_hashes): NaN."""
+    assert _budget({"name": "reformer", "n_hashes": 4}) == 4.0
+    assert _budget({"name": "reformer"}) == 2.0  # the class default
+    assert _budget({"name": "nystrom", "num_landmarks": 32}) == 32.0
+    assert math.isnan(_budget({"name": "softmax"}))
+    assert budget_key({"name": "longformer"}) == "window" and budget({"name": "linear"}) is None
+
+
+def test_trainer_rules_are_the_trainer_config_fields_and_checked_by_both():
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    assert set(TRAINER) == fields
+    assert schema.TRAINING["trainer.lr"] is TRAINER["lr"]
+    assert isinstance(TRAINER["lr"], Float) and isinstance(TRAINER["warmup_steps"], Int)
+    for key, bad in (("lr", 0.0), ("warmup_steps", -1), ("precision", "fp8"), ("bucket", 0)):
+        values = {"max_steps": 10, "batch_size": 2, key: bad}
+        with pytest.raises(UserInputError, match=rf"^trainer\.{key}={bad} is not allowed"):
+            TrainerConfig.from_mapping(values)
+        with pytest.raises(UserInputError, match=rf"^trainer\.{key}={bad} is not allowed"):
+            schema.check(OmegaConf.create({"trainer": values}), schema.TRAINING)
