@@ -86,7 +86,7 @@ def test_minilm_vocab_is_bert_base_uncased():
 @pytest.mark.parametrize("attention", [{"name": "softmax"}, NYSTROM])
 def test_pretrained_folder_round_trip_gives_identical_outputs(tokenizer, tmp_path, attention):
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, attention=attention, **TINY)
+    config = BertConfig.create(vocab_size=tokenizer.vocab_size, attention=attention, **TINY)
     model = BertForPretraining(config)  # fp32 as trained: the file keeps every bit
     with torch.no_grad():  # move weights off their init so a load that skips them would show
         for p in model.parameters():
@@ -107,7 +107,7 @@ def test_pretrained_folder_round_trip_gives_identical_outputs(tokenizer, tmp_pat
 def test_load_pretrained_errors_are_one_line(tokenizer, tmp_path):
     with pytest.raises(UserInputError, match="does not exist"):
         load_pretrained(tmp_path / "nowhere")
-    encoder = BertEncoder(BertConfig(vocab_size=tokenizer.vocab_size, **TINY))
+    encoder = BertEncoder(BertConfig.create(vocab_size=tokenizer.vocab_size, **TINY))
     folder = save_pretrained(tmp_path / "p", encoder, tokenizer)
     (folder / "model.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(UserInputError, match=r"model.pt is corrupt") as info:
@@ -120,7 +120,7 @@ def test_load_pretrained_errors_are_one_line(tokenizer, tmp_path):
 
 def test_mlm_decoder_is_tied_and_position_selection_matches(tokenizer):
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, attention=NYSTROM, **TINY)
+    config = BertConfig.create(vocab_size=tokenizer.vocab_size, attention=NYSTROM, **TINY)
     model = BertForPretraining(config).double().eval()
     ids, mask, segments = batch(tokenizer.vocab_size, [30, 12], 30)
     mlm, sop = model(ids, mask, segments)
@@ -143,7 +143,8 @@ def test_mlm_decoder_is_tied_and_position_selection_matches(tokenizer):
 
 def test_segment_ids_change_the_output_and_none_means_segment_zero(tokenizer):
     torch.manual_seed(0)
-    encoder = BertEncoder(BertConfig(vocab_size=tokenizer.vocab_size, **TINY)).double().eval()
+    config = BertConfig.create(vocab_size=tokenizer.vocab_size, **TINY)
+    encoder = BertEncoder(config).double().eval()
     ids, mask, segments = batch(tokenizer.vocab_size, [20, 20], 20)
     zeros = torch.zeros_like(segments)
     assert torch.equal(encoder(ids, mask, None), encoder(ids, mask, zeros))

@@ -52,7 +52,7 @@ def relative_error(encoder: BertEncoder, layer: int, batches) -> float:
 def test_fit_is_the_least_squares_filter_and_reports_its_own_error() -> None:
     torch.manual_seed(0)
     attention = {"name": "nystrom", "num_landmarks": 4, "conv_kernel_size": 5}
-    encoder = BertEncoder(BertConfig(vocab_size=VOCAB, attention=attention, **TINY)).double()
+    encoder = BertEncoder(BertConfig.create(vocab_size=VOCAB, attention=attention, **TINY)).double()
     for block in encoder.encoder.blocks:
         block.attention.conv_skip.init_for_conversion()
     batches = [tokens([24, 17], 24, seed=1), tokens([24, 9], 24, seed=2)]
@@ -78,7 +78,7 @@ def test_fit_is_the_least_squares_filter_and_reports_its_own_error() -> None:
 def test_exact_core_needs_no_correction() -> None:
     torch.manual_seed(0)
     attention = {"name": "softmax", "conv_kernel_size": 3}
-    encoder = BertEncoder(BertConfig(vocab_size=VOCAB, attention=attention, **TINY)).double()
+    encoder = BertEncoder(BertConfig.create(vocab_size=VOCAB, attention=attention, **TINY)).double()
     fits = fit_conv_skips(encoder, [tokens([20, 11], 20)])
     assert all(fit.before < 1e-12 and fit.after < 1e-12 for fit in fits)
     for block in encoder.encoder.blocks:

@@ -41,7 +41,7 @@ WORDS = [
 
 
 def tiny_encoder(vocab_size: int, max_len: int = 32) -> BertEncoder:
-    config = BertConfig(vocab_size=vocab_size, max_len=max_len, dim=16, depth=1, num_heads=2,
+    config = BertConfig.create(vocab_size=vocab_size, max_len=max_len, dim=16, depth=1, num_heads=2,
                         ffn_dim=32, attention={"name": "nystrom", "num_landmarks": 4})  # fmt: skip
     return BertEncoder(config)
 

@@ -121,7 +121,7 @@ def test_frozen_validation_batches_are_the_same_every_time():
 
 def test_objective_is_mean_mlm_plus_mean_sop_cross_entropy():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=1000, max_len=48, dim=16, depth=1, num_heads=2, ffn_dim=32)
+    config = BertConfig.create(1000, max_len=48, dim=16, depth=1, num_heads=2, ffn_dim=32)
     model = BertForPretraining(config).double().eval()
     batch = COLLATE(items(6), torch.Generator().manual_seed(2))
     result = pretraining_objective(model, batch)
@@ -144,8 +144,8 @@ def test_objective_is_mean_mlm_plus_mean_sop_cross_entropy():
 
 def test_block_outputs_are_each_blocks_output_in_order():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=1000, max_len=48, dim=16, depth=3, num_heads=2, ffn_dim=32,
-                        norm="post")  # fmt: skip
+    config = BertConfig.create(1000, max_len=48, dim=16, depth=3, num_heads=2, ffn_dim=32,
+                               norm="post")  # fmt: skip
     encoder = BertEncoder(config).double().eval()
     batch = COLLATE(items(4), torch.Generator().manual_seed(1))
     ids, mask, segments = batch["ids"], batch["mask"], batch["segments"]
@@ -169,8 +169,8 @@ def test_block_outputs_are_each_blocks_output_in_order():
 def test_distillation_loss_is_the_masked_mean_squared_block_difference():
     torch.manual_seed(0)
     attention = {"name": "nystrom", "num_landmarks": 4}
-    config = BertConfig(vocab_size=1000, max_len=48, dim=16, depth=2, num_heads=2, ffn_dim=32,
-                        attention=attention)  # fmt: skip
+    config = BertConfig.create(1000, max_len=48, dim=16, depth=2, num_heads=2, ffn_dim=32,
+                               attention=attention)  # fmt: skip
     student = BertEncoder(config).double().eval()
     with torch.no_grad():  # N(0, 0.02) weights give near-uniform attention, which Nystrom gets
         for block in student.encoder.blocks:

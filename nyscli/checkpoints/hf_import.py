@@ -160,7 +160,7 @@ def bert_config(hf: Mapping[str, Any], attention: Mapping[str, Any], where: Path
             f"{where}: hidden_act {act} is not supported; allowed: {', '.join(ACTIVATIONS)}"
         )
     try:
-        return BertConfig(
+        return BertConfig.create(
             vocab_size=int(hf["vocab_size"]),
             max_len=int(hf["max_position_embeddings"]),
             dim=int(hf["hidden_size"]),

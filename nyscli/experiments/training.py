@@ -176,7 +176,7 @@ def bert_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
     """The encoder the ``model`` and ``attention`` groups describe (pretrain, finetune from
     scratch)."""
     model = cfg.model
-    return BertConfig(
+    return BertConfig.create(
         vocab_size=vocab_size,
         max_len=int(model.max_len),
         dim=int(model.dim),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,57 +20,77 @@ from torch import Tensor, nn
 from nyscli.models.dropout import Dropout
 from nyscli.models.encoder import Encoder, EncoderConfig
 
+# The paper's BERT-small: the sizes ``BertConfig.create`` takes where none are given.
+BERT_SMALL: dict[str, Any] = {
+    "max_len": 512,
+    "dim": 512,
+    "depth": 4,
+    "num_heads": 8,
+    "ffn_dim": 2048,
+    "dropout": 0.1,
+    "type_vocab_size": 2,
+}
+# The encoder fields a BERT's config.json holds (a ``pretrained/`` folder's format, unchanged
+# since the first checkpoint: cls_token and init_std are the encoder defaults for BERT).
+SAVED_FIELDS = (
+    "vocab_size",
+    "max_len",
+    "dim",
+    "depth",
+    "num_heads",
+    "ffn_dim",
+    "dropout",
+    "attention",
+    "type_vocab_size",
+    "norm",
+    "layer_norm_eps",
+    "activation",
+)
+
 
 @dataclass(frozen=True)
 class BertConfig:
-    """Sizes of a BERT encoder; defaults (besides vocab_size) are the paper's BERT-small."""
+    """A BERT: the sizes of its encoder (one :class:`EncoderConfig`, the one source of every
+    size) and how it is saved. ``config.dim`` and the like read the encoder's fields."""
 
-    vocab_size: int
-    max_len: int = 512
-    dim: int = 512
-    depth: int = 4
-    num_heads: int = 8
-    ffn_dim: int = 2048
-    dropout: float = 0.1
-    attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
-    type_vocab_size: int = 2
-    norm: str = "pre"  # pre (nys pretrain's bert_*) | post (imported BERT checkpoints)
-    layer_norm_eps: float = 1e-5
-    activation: str = "gelu"
+    encoder: EncoderConfig
+
+    @classmethod
+    def create(cls, vocab_size: int, **sizes: Any) -> BertConfig:
+        """A BERT of ``vocab_size`` tokens; sizes not given are BERT-small's
+        (:data:`BERT_SMALL`), pre-LN (``norm="pre"``) unless ``norm="post"`` is given."""
+        return cls(EncoderConfig(vocab_size=vocab_size, **{**BERT_SMALL, **sizes}))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only the encoder's fields read through; anything else is a real AttributeError
+        # (also while unpickling, before ``encoder`` exists).
+        if name != "encoder" and name in _ENCODER_FIELDS:
+            return getattr(self.encoder, name)
+        raise AttributeError(name)
+
+    def replace(self, **changes: Any) -> BertConfig:
+        """A copy with some encoder fields changed (e.g. ``max_len`` for longer inputs)."""
+        return BertConfig(dataclasses.replace(self.encoder, **changes))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (``attention`` copied into a dict)."""
-        values = dataclasses.asdict(self)
-        values["attention"] = dict(self.attention)
+        values = {key: getattr(self.encoder, key) for key in SAVED_FIELDS}
+        values["attention"] = dict(self.encoder.attention)
         return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BertConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ValueError naming them."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
+        unknown = sorted(set(values) - set(SAVED_FIELDS))
         if unknown:
             raise ValueError(f"unknown BertConfig keys: {', '.join(unknown)}")
         values = dict(values)
         if "attention" in values:
             values["attention"] = dict(values["attention"])
-        return cls(**values)
+        return cls.create(**values)
 
-    def encoder_config(self) -> EncoderConfig:
-        return EncoderConfig(
-            vocab_size=self.vocab_size,
-            max_len=self.max_len,
-            dim=self.dim,
-            depth=self.depth,
-            num_heads=self.num_heads,
-            ffn_dim=self.ffn_dim,
-            dropout=self.dropout,
-            attention=dict(self.attention),
-            type_vocab_size=self.type_vocab_size,
-            norm=self.norm,
-            layer_norm_eps=self.layer_norm_eps,
-            activation=self.activation,
-        )
+
+_ENCODER_FIELDS = frozenset(f.name for f in dataclasses.fields(EncoderConfig))
 
 
 class BertEncoder(nn.Module):
@@ -81,8 +101,12 @@ class BertEncoder(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.config = config
-        self.encoder = Encoder(config.encoder_config())
+        self.encoder = Encoder(config.encoder)
+
+    @property
+    def config(self) -> BertConfig:
+        """The BERT's config, read from its encoder's (the one copy of the sizes)."""
+        return BertConfig(self.encoder.config)
 
     def forward(self, ids: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
         hidden, _ = self.encoder(ids, mask, segments)
@@ -127,7 +151,7 @@ def with_attention(encoder: BertEncoder, attention: Mapping[str, Any]) -> BertEn
     The new variant's own parameters (if any) start from its conversion init; the result is in
     the same train/eval mode as ``encoder``.
     """
-    config = dataclasses.replace(encoder.config, attention=dict(attention))
+    config = encoder.config.replace(attention=dict(attention))
     swapped = BertEncoder(config)
     load_across_attention(swapped, encoder.state_dict())
     return swapped.train(encoder.training)

@@ -39,7 +39,6 @@ def extend_positions(encoder: BertEncoder, max_len: int) -> BertEncoder:
         return encoder
     table = tiled_rows(old.weight.detach(), max_len)
     embeddings.positions = nn.Embedding.from_pretrained(table, freeze=False).to(old.weight.device)
-    encoder.config = dataclasses.replace(encoder.config, max_len=max_len)
     encoder.encoder.config = dataclasses.replace(encoder.encoder.config, max_len=max_len)
     return encoder
 

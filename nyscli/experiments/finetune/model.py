@@ -14,7 +14,6 @@ scratch baseline has exactly the pre-trained model's shape and vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +102,7 @@ def scratch_tokenizer(value: str) -> WordPieceTokenizer:
 def scratch_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
     """BertConfig from the ``model`` and ``attention`` groups (table >= task.max_len)."""
     config = bert_config(cfg, vocab_size)
-    return dataclasses.replace(config, max_len=max(config.max_len, int(cfg.task.max_len)))
+    return config.replace(max_len=max(config.max_len, int(cfg.task.max_len)))
 
 
 def current_overrides() -> list[str]:
@@ -143,7 +142,7 @@ def starting_point(cfg: DictConfig, attention: dict[str, Any] | None = None) -> 
     if like:
         folder = pretrained_folder(str(like), "scratch.like")
         config, tokenizer = load_setup(folder)
-        config = dataclasses.replace(config, max_len=max(config.max_len, max_len))
+        config = config.replace(max_len=max(config.max_len, max_len))
     else:
         tokenizer = scratch_tokenizer(str(cfg.scratch.tokenizer))
         config = scratch_config(cfg, tokenizer.vocab_size)
