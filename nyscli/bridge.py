@@ -17,8 +17,10 @@ import os
 import shutil
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 from typing import NoReturn
 
 import hydra
@@ -159,26 +161,6 @@ def composer(command: str, config_dir: str | None = None) -> Iterator[Hydra]:
         restore_gh_from_backup(backup)
 
 
-def compose_hydra(command: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
-    """The ``hydra`` node of the composed config (mode, run and sweep dirs), as Hydra decides
-    it; missing configs raise here."""
-    with composer(command, config_dir) as composing:
-        cfg = composing.compose_config(
-            config_name=command,
-            overrides=overrides,
-            run_mode=RunMode.MULTIRUN,
-            with_log_configuration=False,
-            validate_sweep_overrides=False,
-        )
-    return cfg.hydra
-
-
-def config_multirun(command: str, overrides: list[str], config_dir: str | None = None) -> bool:
-    """Whether the composed config puts Hydra in multirun mode (every cluster preset but
-    ``local`` does)."""
-    return compose_hydra(command, overrides, config_dir).mode == RunMode.MULTIRUN
-
-
 def _task_overrides(overrides: list[str]) -> list[str]:
     # hydra.* overrides shape the run, not the job (hydra.searchpath excepted: it finds configs).
     return [
@@ -195,17 +177,16 @@ def _compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictCo
     )
 
 
-def preflight(command: str, overrides: list[str], config_dir: str | None = None) -> str | None:
-    """A line saying there is nothing to run (the command's ``preflight``, e.g. ``resume=``
-    names a finished run), or None; checked before a run folder exists."""
-    check = getattr(experiment_module(command), "preflight", None)
-    if check is None:
-        return None
-    with composer(command, config_dir) as composing:
-        cfg = _compose_job(composing, command, _task_overrides(overrides))
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return check(cfg)
+def refuse_renamed(command: str, overrides: list[str]) -> None:
+    """A renamed key (the command's ``RENAMED``: old -> new, a prefix for the keys below it)
+    is refused in one line naming the new one, before Hydra's 'not in struct' error."""
+    renamed = getattr(experiment_module(command), "RENAMED", {})
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        for old, new in renamed.items():
+            if key == old or key.startswith(old + "."):
+                now = new + key[len(old) :]
+                raise UserInputError(f"{key} is now {now}: give {now}={value}")
 
 
 def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
@@ -221,23 +202,61 @@ def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
     )
 
 
-def validate_jobs(
-    command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
-) -> None:
-    """Compose and validate every job's config; raise one of USER_ERRORS at the first bad one.
+@dataclass(frozen=True)
+class Plan:
+    """What a launch will do, decided before any folder exists."""
 
-    HydraConfig is set to each job's, so ``validate`` sees the overrides and group choices
-    exactly as it will inside the run.
+    multirun: bool
+    hydra: DictConfig  # the composed hydra node: mode, run and sweep dirs
+    done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
+
+
+def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
+    """Validate one job's composed config as the run will see it (HydraConfig set to it, so
+    ``validate`` sees the overrides and group choices); its hydra node is dropped."""
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _same_command(cfg, command, overrides)
+    module.validate(cfg)
+
+
+def _sweeps(overrides: list[str]) -> bool:
+    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
+
+
+def plan_launch(
+    command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
+) -> Plan:
+    """Compose and validate every job before anything runs; raise one of USER_ERRORS at the
+    first bad value.
+
+    A single run is composed once here, and once more by Hydra when it runs it (``_run_hydra``
+    composes its own): this one checks every value, asks the command's ``preflight`` and
+    yields the run folder before the folder exists. A sweep composes its hydra node, then
+    each job.
     """
+    refuse_renamed(command, overrides)
     module = experiment_module(command)
     with composer(command, config_dir) as composing:
+        if not multirun and not _sweeps(overrides):
+            cfg = _compose_job(composing, command, overrides)
+            node = cfg.hydra
+            if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
+                _check_job(module, command, cfg, overrides)
+                check = getattr(module, "preflight", None)
+                return Plan(False, node, check(cfg) if check else None)
+        node = composing.compose_config(
+            config_name=command,
+            overrides=overrides,
+            run_mode=RunMode.MULTIRUN,
+            with_log_configuration=False,
+            validate_sweep_overrides=False,
+        ).hydra
+        multirun = multirun or node.mode == RunMode.MULTIRUN
         for job in job_overrides(_task_overrides(overrides), multirun):
-            cfg = _compose_job(composing, command, job)
-            HydraConfig.instance().set_config(cfg)
-            with open_dict(cfg):
-                del cfg["hydra"]
-            _same_command(cfg, command, job)
-            module.validate(cfg)
+            _check_job(module, command, _compose_job(composing, command, job), job)
+    return Plan(multirun, node)
 
 
 def existing_run(folder: Path) -> Path | None:
@@ -363,6 +382,33 @@ def _overrides_key(overrides: list[str], key: str) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
 
 
+def claim_run_folder(
+    command: str, overrides: list[str], plan: Plan
+) -> tuple[Path | None, list[Path], Path | None]:
+    """Create the run (or sweep) folder before Hydra runs: a new timestamped one under
+    ``outputs/<command>/``, appended to ``overrides``, or the one given, checked to be new.
+
+    Returns (the folder this launch created, None if it created none; the parents it created,
+    deepest first; the sweep folder, None for a single run).
+    """
+    key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
+    if _overrides_key(overrides, key):
+        target = Path(str(plan.hydra.sweep.dir if plan.multirun else plan.hydra.run.dir))
+        world = distributed.world_from_env()
+        if world is not None and world.size >= 2:  # the ranks of one world share the folder
+            return None, [], None
+        parents = missing_parents(target)  # before the folder (and they) are created
+        return check_new_folder(key, target), parents, None
+    # Every rank of a torchrun/srun job runs this: they must share one folder.
+    shared = ranks.shared_run_name()
+    root = Path(OUTPUT_ROOT) / command / ("multirun" if plan.multirun else "")
+    name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    made_parents = missing_parents(root / name)
+    folder = _run_folder(root / name, shared is not None)
+    overrides.append(f"{key}={folder}")
+    return (None if shared else folder), made_parents, (folder if plan.multirun else None)
+
+
 def launch(command: str, arguments: list[str]) -> int:
     """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
     parser = get_args_parser()
@@ -387,33 +433,12 @@ def launch(command: str, arguments: list[str]) -> int:
     made_parents: list[Path] = []  # the folders above it that this launch created
     if not inspecting:
         try:
-            overrides, config_dir = list(args.overrides), args.config_dir
-            hydra_node = compose_hydra(command, overrides, config_dir)
-            multirun = multirun or hydra_node.mode == RunMode.MULTIRUN
-            validate_jobs(command, overrides, multirun, config_dir)
-            done = None if multirun else preflight(command, overrides, config_dir)
-            if done:  # e.g. resume= names a finished run: nothing to run, no folder
-                console.print(escape(done), highlight=False, soft_wrap=True)
+            plan = plan_launch(command, list(args.overrides), multirun, args.config_dir)
+            multirun = plan.multirun
+            if plan.done:  # e.g. resume= names a finished run: nothing to run, no folder
+                console.print(escape(plan.done), highlight=False, soft_wrap=True)
                 return 0
-            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-            given = _overrides_key(args.overrides, key)
-            world = distributed.world_from_env()
-            if given:
-                target = Path(str(hydra_node.sweep.dir if multirun else hydra_node.run.dir))
-                # The ranks of one torchrun/srun world all run this and share the folder.
-                if world is None or world.size < 2:
-                    made_parents = missing_parents(target)
-                    fresh = check_new_folder(key, target)
-            # Every rank of a torchrun/srun job runs this: they must share one folder.
-            shared = None if given else ranks.shared_run_name()
-            if not given:
-                root = Path(OUTPUT_ROOT) / command / ("multirun" if multirun else "")
-                name = shared or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-                made_parents = missing_parents(root / name)
-                folder = _run_folder(root / name, shared is not None)
-                args.overrides.append(f"{key}={folder}")
-                sweep_dir = folder if multirun else None
-                fresh = None if shared else folder
+            fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
         except (*USER_ERRORS, OSError) as error:
             message = missing_launcher(error, args.overrides) or fault_line(error)
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

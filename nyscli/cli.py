@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -28,6 +28,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+# nys finetune's task= is this config group's choice (conf/task/ is LRA's).
+FINETUNE_TASK = "finetune_task"
 HYDRA_COMMAND = {"allow_extra_args": True, "ignore_unknown_options": True}
 OVERRIDES_HELP = (
     "Hydra overrides (key=value, group=option; with -m, comma lists sweep), and Hydra flags "
@@ -72,10 +74,10 @@ def run_hydra_command(
     for override in overrides or []:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in given:
-            name = key.split("@")[-1]  # finetune's task= is finetune_task@task= for Hydra
+            name = "task" if key == FINETUNE_TASK else key
             fail(
                 f"{name} is given twice, by a typed option ({name}={given[key]}) and by the "
-                f"override {override.split('@')[-1]}; give it once"
+                f"override {override.replace(FINETUNE_TASK, 'task', 1)}; give it once"
             )
     arguments = [f"{key}={value}" for key, value in given.items()]
     arguments += list(overrides or [])
@@ -84,28 +86,79 @@ def run_hydra_command(
     raise typer.Exit(launch(command, arguments))
 
 
+def overrides_argument(command: str, extra_help: str = "") -> Any:
+    """The free Hydra overrides every Hydra command takes, completed from conf/."""
+    return typer.Argument(
+        help=OVERRIDES_HELP + extra_help,
+        show_default=False,
+        autocompletion=complete_overrides(command),
+    )
+
+
+# Options several commands share, declared once (each command adds its own beside them).
+Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Run a Hydra sweep.")]
+Steps = Annotated[int | None, typer.Option(help="Optimizer steps (sets trainer.max_steps).")]
+BatchSize = Annotated[
+    int | None, typer.Option(help="Examples per step, per rank (sets trainer.batch_size).")
+]
+Seed = Annotated[int | None, typer.Option(help="Seed of every random draw of the run.")]
+Resume = Annotated[
+    str | None,
+    typer.Option(
+        help="true (newest matching run under outputs/<command>/) or a run folder to continue."
+    ),
+]
+BenchOverrides = Annotated[list[str] | None, overrides_argument("bench")]
+ApproxOverrides = Annotated[list[str] | None, overrides_argument("approx_error")]
+LraOverrides = Annotated[list[str] | None, overrides_argument("lra")]
+PretrainOverrides = Annotated[list[str] | None, overrides_argument("pretrain")]
+FinetuneOverrides = Annotated[
+    list[str] | None, overrides_argument("finetune", " task=... selects conf/finetune_task/.")
+]
+
+
+def training_options(
+    steps: int | None, batch_size: int | None, seed: int | None, resume: str | None
+) -> dict[str, object]:
+    """The typed options lra, pretrain and finetune share, as config keys."""
+    return {
+        "trainer.max_steps": steps,
+        "trainer.batch_size": batch_size,
+        "seed": seed,
+        "resume": resume,
+    }
+
+
 @app.command(context_settings=HYDRA_COMMAND)
 def bench(
-    overrides: list[str] = typer.Argument(
-        None, help=OVERRIDES_HELP, show_default=False, autocompletion=complete_overrides("bench")
-    ),
-    seq_len: list[int] = typer.Option(
-        None, "--seq-len", "-n", help="Sequence length; repeat for a grid (sets seq_lens)."
-    ),
-    attention_set: str = typer.Option(
-        None, help="Rows to measure: table1, all, none (plus attention=... if given)."
-    ),
-    scope: list[str] = typer.Option(
-        None,
-        help="module (projections + attention, the paper's protocol), core (q,k,v -> out only) "
-        "or projections (the module around its core); repeat to time several side by side.",
-    ),
-    mode: str = typer.Option(None, help="forward (inference) or train (forward + backward)."),
-    dtype: str = typer.Option(None, help="fp32, bf16 or fp16 (bf16/fp16 via autocast)."),
-    device: str = typer.Option(None, help="auto, cpu or cuda."),
-    batch_size: int = typer.Option(None, help="Batch size (paper: 1)."),
-    repeats: int = typer.Option(None, help="Most timed repeats per point (median reported)."),
-    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+    overrides: BenchOverrides = None,
+    seq_len: Annotated[
+        list[int] | None,
+        typer.Option("--seq-len", "-n", help="Sequence length; repeat for a grid (sets seq_lens)."),
+    ] = None,
+    attention_set: Annotated[
+        str | None,
+        typer.Option(help="Rows to measure: table1, all, none (plus attention=... if given)."),
+    ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="module (projections + attention, the paper's protocol), core (q,k,v -> out "
+            "only) or projections (the module around its core); repeat to time several."
+        ),
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="forward (inference) or train (forward + backward).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="fp32, bf16 or fp16 (bf16/fp16 via autocast).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Batch size (paper: 1).")] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Most timed repeats per point (median reported).")
+    ] = None,
+    multirun: Multirun = False,
 ) -> None:
     """Table 1: time and peak memory of one self-attention module vs sequence length."""
     typed = {
@@ -123,25 +176,32 @@ def bench(
 
 @app.command("approx-error", context_settings=HYDRA_COMMAND)
 def approx_error(
-    overrides: list[str] = typer.Argument(
-        None,
-        help=OVERRIDES_HELP,
-        show_default=False,
-        autocompletion=complete_overrides("approx_error"),
-    ),
-    source: str = typer.Option(
-        None, help="Where q, k, v come from: smooth, gaussian, minilm (real BERT) or checkpoint."
-    ),
-    seq_len: int = typer.Option(None, "--seq-len", "-n", help="Sequence length n."),
-    budget: list[int] = typer.Option(
-        None, "--budget", "-b", help="Budget m; repeat for a curve (sets budgets)."
-    ),
-    method: list[str] = typer.Option(
-        None, "--method", help="Method to compare; repeat for several (sets methods)."
-    ),
-    text_path: Path = typer.Option(None, help="minilm: a UTF-8 text file to run the model on."),
-    seed: int = typer.Option(None, help="Seed of synthetic inputs, random landmarks, features."),
-    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+    overrides: ApproxOverrides = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="Where q, k, v come from: smooth, gaussian, minilm (real BERT) or checkpoint."
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", "-n", help="Sequence length n.")
+    ] = None,
+    budget: Annotated[
+        list[int] | None,
+        typer.Option("--budget", "-b", help="Budget m; repeat for a curve (sets budgets)."),
+    ] = None,
+    method: Annotated[
+        list[str] | None,
+        typer.Option("--method", help="Method to compare; repeat for several (sets methods)."),
+    ] = None,
+    data_path: Annotated[
+        Path | None,
+        typer.Option(
+            help="minilm/checkpoint: a UTF-8 text file to run the model on (sets data.path)."
+        ),
+    ] = None,
+    seed: Seed = None,
+    multirun: Multirun = False,
 ) -> None:
     """How close Nyström (and its rivals) come to exact attention, sweeping the budget m."""
     typed = {
@@ -149,7 +209,7 @@ def approx_error(
         "seq_len": seq_len,
         "budgets": _list(budget) if budget else None,
         "methods": _list(method) if method else None,
-        "text_path": text_path,
+        "data.path": data_path,
         "seed": seed,
     }
     run_hydra_command("approx_error", typed, overrides, multirun)
@@ -157,32 +217,28 @@ def approx_error(
 
 @app.command(context_settings=HYDRA_COMMAND)
 def lra(
-    overrides: list[str] = typer.Argument(
-        None, help=OVERRIDES_HELP, show_default=False, autocompletion=complete_overrides("lra")
-    ),
-    task: str = typer.Option(
-        None, help="listops, text, retrieval, image or pathfinder (the task config group)."
-    ),
-    steps: int = typer.Option(None, help="Optimizer steps (sets trainer.max_steps)."),
-    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
-    seed: int = typer.Option(None, help="Seed of weights, dropout and data order."),
-    resume: str = typer.Option(
-        None, help="true (newest matching run under outputs/lra/) or a run folder to continue."
-    ),
-    nproc_per_node: int = typer.Option(
-        None,
-        help="Training processes (torch.distributed ranks) per job; --batch-size is per rank "
-        "(sets trainer.nproc_per_node).",
-    ),
-    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+    overrides: LraOverrides = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="listops, text, retrieval, image or pathfinder (the task group)."),
+    ] = None,
+    steps: Steps = None,
+    batch_size: BatchSize = None,
+    seed: Seed = None,
+    resume: Resume = None,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option(
+            help="Training processes (torch.distributed ranks) per job "
+            "(sets trainer.nproc_per_node)."
+        ),
+    ] = None,
+    multirun: Multirun = False,
 ) -> None:
     """Table 3: train and test on a Long Range Arena task (attention=... picks the variant)."""
     typed = {
         "task": task,
-        "trainer.max_steps": steps,
-        "trainer.batch_size": batch_size,
-        "seed": seed,
-        "resume": resume,
+        **training_options(steps, batch_size, seed, resume),
         "trainer.nproc_per_node": nproc_per_node,
     }
     run_hydra_command("lra", typed, overrides, multirun)
@@ -190,71 +246,58 @@ def lra(
 
 @app.command(context_settings=HYDRA_COMMAND)
 def pretrain(
-    overrides: list[str] = typer.Argument(
-        None,
-        help=OVERRIDES_HELP,
-        show_default=False,
-        autocompletion=complete_overrides("pretrain"),
-    ),
-    model: str = typer.Option(None, help="bert_mini, bert_small or bert_base (model group)."),
-    data: str = typer.Option(None, help="wiki_summaries, folder (data.path=...) or hf."),
-    steps: int = typer.Option(None, help="Optimizer steps (sets trainer.max_steps)."),
-    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
-    seed: int = typer.Option(None, help="Seed of weights, dropout, batch order and masks."),
-    resume: str = typer.Option(
-        None, help="true (newest matching run under outputs/pretrain/) or a run folder."
-    ),
-    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+    overrides: PretrainOverrides = None,
+    model: Annotated[
+        str | None, typer.Option(help="bert_mini, bert_small or bert_base (model group).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="wiki_summaries, folder (data.path=...) or hf.")
+    ] = None,
+    steps: Steps = None,
+    batch_size: BatchSize = None,
+    seed: Seed = None,
+    resume: Resume = None,
+    multirun: Multirun = False,
 ) -> None:
     """Fig. 5/6: BERT MLM + SOP pre-training (attention=... picks the variant)."""
-    typed = {
-        "model": model,
-        "data": data,
-        "trainer.max_steps": steps,
-        "trainer.batch_size": batch_size,
-        "seed": seed,
-        "resume": resume,
-    }
+    typed = {"model": model, "data": data, **training_options(steps, batch_size, seed, resume)}
     run_hydra_command("pretrain", typed, overrides, multirun)
 
 
 @app.command(context_settings=HYDRA_COMMAND)
 def finetune(
-    overrides: list[str] = typer.Argument(
-        None,
-        help=OVERRIDES_HELP + " task=... selects conf/finetune_task/.",
-        show_default=False,
-        autocompletion=complete_overrides("finetune"),
-    ),
-    task: str = typer.Option(None, help="sst2, mrpc, qnli, qqp, mnli or imdb."),
-    init: str = typer.Option(
-        None, help="scratch, or a pretrained folder (nys pretrain run folder or its pretrained/)."
-    ),
-    epochs: float = typer.Option(None, help="Passes over the training set (paper: 4)."),
-    steps: int = typer.Option(None, help="Cap on optimizer steps (sets trainer.max_steps)."),
-    batch_size: int = typer.Option(None, help="Examples per step (sets trainer.batch_size)."),
-    max_len: int = typer.Option(None, help="Tokens per example (sets task.max_len)."),
-    seed: int = typer.Option(None, help="Seed of the new weights, dropout and data order."),
-    resume: str = typer.Option(
-        None, help="true (newest matching run under outputs/finetune/) or a run folder."
-    ),
-    multirun: bool = typer.Option(False, "--multirun", "-m", help="Run a Hydra sweep."),
+    overrides: FinetuneOverrides = None,
+    task: Annotated[str | None, typer.Option(help="sst2, mrpc, qnli, qqp, mnli or imdb.")] = None,
+    init: Annotated[
+        str | None,
+        typer.Option(
+            help="scratch, or a pretrained folder (nys pretrain run folder or its pretrained/)."
+        ),
+    ] = None,
+    epochs: Annotated[
+        float | None, typer.Option(help="Passes over the training set (paper: 4).")
+    ] = None,
+    steps: Steps = None,
+    batch_size: BatchSize = None,
+    max_len: Annotated[
+        int | None, typer.Option(help="Tokens per example (sets task.max_len).")
+    ] = None,
+    seed: Seed = None,
+    resume: Resume = None,
+    multirun: Multirun = False,
 ) -> None:
     """Table 2: fine-tune on GLUE or IMDB from a nys pretrain checkpoint (or from scratch)."""
-    # The tasks live in conf/finetune_task/ (conf/task/ is LRA's), mounted at ``task``:
-    # Hydra names that defaults entry finetune_task@task, so task=... is rewritten to it.
+    # The tasks live in conf/finetune_task/ (conf/task/ is LRA's): task=... is rewritten.
     overrides = [
-        f"finetune_task@{o}" if o.split("=", 1)[0] == "task" else o for o in overrides or []
+        f"{FINETUNE_TASK}={o.split('=', 1)[1]}" if o.split("=", 1)[0] == "task" else o
+        for o in overrides or []
     ]
     typed = {
-        "finetune_task@task": task,
+        FINETUNE_TASK: task,
         "init": init,
         "epochs": epochs,
-        "trainer.max_steps": steps,
-        "trainer.batch_size": batch_size,
+        **training_options(steps, batch_size, seed, resume),
         "task.max_len": max_len,
-        "seed": seed,
-        "resume": resume,
     }
     run_hydra_command("finetune", typed, overrides, multirun)
 

@@ -18,15 +18,6 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-def smooth_qkv(b: int, h: int, n: int, d: int, seed: int = 0, dtype=torch.float64):
-    """q, k, v (b, h, n, d) that vary smoothly along n (a random walk), so attention has the
-    low-rank structure segment means exploit; i.i.d. noise would make every method look bad."""
-    gen = torch.Generator().manual_seed(seed)
-    steps = torch.randn(3, b, h, n, d, generator=gen, dtype=dtype) / n**0.5
-    walk = steps.cumsum(dim=3) * 2.0
-    return walk[0], walk[1], torch.randn(b, h, n, d, generator=gen, dtype=dtype)
-
-
 @pytest.fixture
 def run_nys(tmp_path):
     """Run the real ``nys`` console entry point in a subprocess inside tmp_path."""

@@ -257,8 +257,8 @@ def test_bad_values_are_one_line_user_errors(override: str, message: str) -> Non
 def test_minilm_checks_its_length_and_text_file(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="at most 512 tokens"):
         approx_error.validate(config("source=minilm", "seq_len=1024"))
-    with pytest.raises(UserInputError, match="text_path="):
-        approx_error.validate(config("source=minilm", f"text_path={tmp_path / 'none.txt'}"))
+    with pytest.raises(UserInputError, match="data.path="):
+        approx_error.validate(config("source=minilm", f"data.path={tmp_path / 'none.txt'}"))
 
 
 def test_missing_minilm_package_is_a_one_line_install_hint(monkeypatch) -> None:
@@ -316,7 +316,7 @@ def test_minilm_hooks_give_the_models_own_attention(tmp_path: Path) -> None:
         tmp_path,
         "source=minilm",
         "seq_len=48",
-        f"text_path={text}",
+        f"data.path={text}",
         "budgets=[8]",
         "methods=[nystrom]",
         "baselines=[uniform]",

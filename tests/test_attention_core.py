@@ -17,7 +17,7 @@ from nyscli.attention import (
 from nyscli.attention.landmarks import segment_means
 from nyscli.attention.multihead import ValueConvSkip
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
-from tests.conftest import smooth_qkv
+from tests.helpers import smooth_qkv
 
 
 def reference_attention(q, k, v, keep=None):

@@ -50,10 +50,10 @@ BAD_VALUES = [
     ("lra", ["trainer.warmup_steps=-1"], "trainer.warmup_steps=-1"),
     ("lra", ["trainer.beta2=1"], "trainer.beta2=1"),
     ("lra", ["attention=softmax", "attention.causal=maybe"], "attention.causal=maybe"),
-    ("lra", ["task.generate.n_train=0"], "task.generate.n_train=0"),
-    ("lra", ["task.eval_examples=0"], "task.eval_examples=0"),
-    ("lra", ["task=text", "task.data.val_fraction=1.5"], "task.data.val_fraction=1.5"),
-    ("lra", ["task=pathfinder", "task.data.difficulty=extreme"], "task.data.difficulty=extreme"),
+    ("lra", ["data.generate.n_train=0"], "data.generate.n_train=0"),
+    ("lra", ["trainer.eval_examples=0"], "trainer.eval_examples=0"),
+    ("lra", ["task=text", "data.val_fraction=1.5"], "data.val_fraction=1.5"),
+    ("lra", ["task=pathfinder", "data.difficulty=extreme"], "data.difficulty=extreme"),
     ("lra", ["task=nope"], "task/nope"),
     ("lra", ["trainer.progress=maybe"], "trainer.progress=maybe"),
     ("pretrain", ["tokenizer.vocab_size=0"], "tokenizer.vocab_size=0"),
@@ -64,7 +64,7 @@ BAD_VALUES = [
     ("pretrain", ["tokenizer.min_frequency=0"], "tokenizer.min_frequency=0"),
     ("finetune", ["epochs=0"], "epochs=0"),
     ("finetune", ["warmup_ratio=1.5"], "warmup_ratio=1.5"),
-    ("finetune", ["finetune_task@task=sst2", "task.max_len=2"], "task.max_len=2"),
+    ("finetune", ["finetune_task=sst2", "task.max_len=2"], "task.max_len=2"),
     ("finetune", ["seed=-3"], "seed=-3"),
     ("finetune", ["task.test_examples=0"], "task.test_examples=0"),
     ("finetune", ["trainer.max_steps=0"], "trainer.max_steps=0"),
@@ -200,7 +200,7 @@ def test_corrupt_csv_gz_is_one_line_naming_the_file(damage, tmp_path, monkeypatc
     data = imdb_csv_gz(bad)
     damaged = {"truncated": data[: len(data) // 2], "not_gzip": b"<html>", "empty": b""}
     bad.write_bytes(damaged[damage])
-    code = launch("lra", ["task=text", f"task.data.path={bad}", "threads=1", "trainer.max_steps=1"])
+    code = launch("lra", ["task=text", f"data.path={bad}", "threads=1", "trainer.max_steps=1"])
     assert code == 2
     line = one_error(capsys)
     assert str(bad) in line and "data.path" in line
@@ -211,8 +211,8 @@ def test_binary_text_file_is_refused_before_a_folder(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     binary = tmp_path / "notes.txt"
     binary.write_bytes(bytes(range(256)) * 8)
-    assert launch("approx_error", ["source=minilm", f"text_path={binary}"]) == 2
-    assert f"text_path={binary} is a binary file" in one_error(capsys)
+    assert launch("approx_error", ["source=minilm", f"data.path={binary}"]) == 2
+    assert f"data.path={binary} is a binary file" in one_error(capsys)
     assert not (tmp_path / "outputs").exists()
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -235,7 +235,7 @@ def empty_sst2(root: Path) -> Path:
 def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     glue = empty_sst2(tmp_path)
-    assert launch("finetune", [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]) == 2
+    assert launch("finetune", [f"data.path={glue}", "threads=1", "trainer.max_steps=1"]) == 2
     line = one_error(capsys)
     assert str(glue) in line and "no labelled examples" in line and "train" in line
     assert not (tmp_path / "outputs").exists()
@@ -244,7 +244,7 @@ def test_empty_training_set_is_one_line(tmp_path, monkeypatch, capsys):
 def test_run_time_fault_removes_only_the_folders_it_created(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     glue = empty_sst2(tmp_path)
-    bad = [f"data.dir={glue}", "threads=1", "trainer.max_steps=1"]
+    bad = [f"data.path={glue}", "threads=1", "trainer.max_steps=1"]
     assert launch("finetune", [*bad, "hydra.run.dir=deep/er/run"]) == 2
     assert "no labelled examples" in one_error(capsys)
     assert not (tmp_path / "deep").exists()
@@ -269,12 +269,12 @@ def test_unwritable_path_is_one_line_naming_it(key, tmp_path, monkeypatch, capsy
 
 
 TINY_LRA = [
-    "task.generate.n_train=8",
-    "task.generate.n_val=4",
-    "task.generate.n_test=4",
-    "task.generate.min_len=5",
-    "task.generate.max_len=40",
-    "task.generate.max_depth=3",
+    "data.generate.n_train=8",
+    "data.generate.n_val=4",
+    "data.generate.n_test=4",
+    "data.generate.min_len=5",
+    "data.generate.max_len=40",
+    "data.generate.max_depth=3",
     "task.max_len=48",
     "model.dim=16",
     "model.ffn_dim=16",

@@ -7,7 +7,7 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nyscli.bridge import composer, validate_jobs
+from nyscli.bridge import composer, plan_launch
 from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS
 
@@ -47,7 +47,7 @@ LRA_SCHEDULES = {  # DESIGN §6: batch, warm-up, steps, length
 
 @pytest.mark.parametrize("task", sorted(LRA_SCHEDULES))
 def test_lra_recipes_hold_the_papers_schedule(task):
-    validate_jobs("lra", [f"experiment=lra_{task}"], multirun=False)
+    plan_launch("lra", [f"experiment=lra_{task}"], multirun=False)
     cfg = compose("lra", [f"experiment=lra_{task}", "attention=softmax"])
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     batch, warmup, steps, length = LRA_SCHEDULES[task]
@@ -68,7 +68,7 @@ def test_lra_recipes_hold_the_papers_schedule(task):
 
 
 def test_bert_small_recipe_is_the_papers_pretraining_with_conv_33():
-    validate_jobs("pretrain", ["experiment=bert_small"], multirun=False)
+    plan_launch("pretrain", ["experiment=bert_small"], multirun=False)
     cfg = compose("pretrain", ["experiment=bert_small"])
     resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "attention")}
     resolved["trainer"] = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -94,7 +94,7 @@ def test_bert_small_recipe_is_the_papers_pretraining_with_conv_33():
 
 
 def test_table1_recipe_is_the_papers_grid():
-    validate_jobs("bench", ["experiment=table1"], multirun=False)
+    plan_launch("bench", ["experiment=table1"], multirun=False)
     cfg = compose("bench", ["experiment=table1"])
     assert list(cfg.seq_lens) == [512, 1024, 2048, 4096, 8192]
     assert (cfg.batch_size, cfg.hidden, cfg.num_heads) == (1, 768, 12)
@@ -130,13 +130,13 @@ def test_a_user_config_folder_adds_options_beside_the_packaged_ones(tmp_path):
         "# @package _global_\ndefaults:\n  - override /attention: tiny_nystrom\n"
         "command: bench\nseq_lens: [32, 64]\n"
     )
-    validate_jobs("bench", ["experiment=short"], multirun=False, config_dir=str(user))
+    plan_launch("bench", ["experiment=short"], multirun=False, config_dir=str(user))
     cfg = compose("bench", ["experiment=short"], str(user))
     assert list(cfg.seq_lens) == [32, 64] and cfg.attention.num_landmarks == 4
     # The packaged options are all still there.
     assert compose("bench", ["attention=softmax"], str(user)).attention.name == "softmax"
     with pytest.raises(UserInputError, match="is not a directory"):
-        validate_jobs("bench", [], multirun=False, config_dir=str(tmp_path / "nope"))
+        plan_launch("bench", [], multirun=False, config_dir=str(tmp_path / "nope"))
 
 
 def test_linformer_projections_are_sized_for_the_commands_longest_input():

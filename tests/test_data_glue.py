@@ -104,7 +104,7 @@ def test_qnli_qqp_mnli_layouts_and_label_mapping(tmp_path: Path) -> None:
 
 
 def test_bad_folders_and_rows_are_one_line_errors(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"data.dir=.*nope is not a folder; expected the GLUE SST"):
+    with pytest.raises(DataError, match=r"data.path=.*nope is not a folder; expected the GLUE SST"):
         read_glue(tmp_path / "nope", "sst2")
     write(tmp_path / "train.tsv", ["sentence\tlabel", "good \t1"])
     with pytest.raises(DataError, match="has no dev.tsv"):

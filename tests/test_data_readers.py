@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import pickle
 import struct
@@ -18,6 +17,7 @@ import torch
 from nyscli.data import common, image, retrieval, text
 from nyscli.data.common import DataError
 from nyscli.files import atomic_writer
+from tests.helpers import idx_bytes, write_idx_files
 
 # ------------------------------------------------------------------ common
 
@@ -276,12 +276,6 @@ def test_cifar10_tarball_and_errors(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ Fashion-MNIST
 
 
-def idx_bytes(array: np.ndarray) -> bytes:
-    head = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
-    head += struct.pack(f">{array.ndim}I", *array.shape)
-    return head + array.astype(np.uint8).tobytes()
-
-
 @pytest.mark.parametrize("gz", [False, True])
 def test_fashion_mnist_idx(tmp_path: Path, gz: bool) -> None:
     rng = np.random.default_rng(0)
@@ -289,14 +283,7 @@ def test_fashion_mnist_idx(tmp_path: Path, gz: bool) -> None:
         "train": (rng.integers(1, 256, (10, 28, 28)), np.arange(10) % 10),
         "t10k": (rng.integers(1, 256, (3, 28, 28)), np.array([3, 1, 4])),
     }
-    for prefix, (images, labels) in data.items():
-        for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
-            blob = idx_bytes(arr)
-            name = f"{prefix}-{kind}-ubyte"
-            if gz:
-                (tmp_path / f"{name}.gz").write_bytes(gzip.compress(blob))
-            else:
-                (tmp_path / name).write_bytes(blob)
+    write_idx_files(tmp_path, data, gz)
     raw = image.read_fashion_mnist(tmp_path)
     images, labels = raw["train"]
     assert images.shape == (10, 32, 32) and labels.tolist() == list(range(10))

@@ -141,7 +141,7 @@ def test_scratch_model_from_the_groups_and_a_vocab_file(tmp_path: Path) -> None:
     assert tokenizer.encode("Goods") == [5, 6] and tokenizer.cls_id == 2
     with pytest.raises(ValueError, match="scratch.tokenizer=nope is not allowed"):
         scratch_tokenizer("nope")
-    overrides = [f"scratch.tokenizer={vocab}", "finetune_task@task=imdb", "task.max_len=600",
+    overrides = [f"scratch.tokenizer={vocab}", "finetune_task=imdb", "task.max_len=600",
                  "model.dim=16", "model.ffn_dim=32", "model.depth=1",
                  "attention=softmax"]  # fmt: skip
     with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -195,7 +195,7 @@ def fixtures(tmp_path: Path) -> dict[str, Path]:
     return {"mrpc": mrpc, "mnli": mnli, "imdb": imdb, "checkpoint": checkpoint}
 
 
-SMALL = ["threads=1", "trainer.log_every=1", "task.eval_every=2", "trainer.progress=false"]
+SMALL = ["threads=1", "trainer.log_every=1", "trainer.eval_every=2", "trainer.progress=false"]
 
 
 def results(root: Path) -> pd.DataFrame:
@@ -205,7 +205,7 @@ def results(root: Path) -> pd.DataFrame:
 
 def test_mrpc_grid_from_a_checkpoint_is_one_multirun_with_table_2(run_nys, tmp_path, fixtures):
     done = run_nys("finetune", "-m", "task=mrpc", f"init={fixtures['checkpoint'].parent}",
-                   f"data.dir={fixtures['mrpc']}", "trainer.batch_size=4,8", "trainer.lr=1e-4",
+                   f"data.path={fixtures['mrpc']}", "trainer.batch_size=4,8", "trainer.lr=1e-4",
                    "epochs=1", *SMALL)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     [summary] = (tmp_path / "outputs" / "finetune" / "multirun").rglob("summary.csv")
@@ -228,7 +228,7 @@ def test_mrpc_grid_from_a_checkpoint_is_one_multirun_with_table_2(run_nys, tmp_p
 
 def test_imdb_beyond_the_checkpoint_length(run_nys, tmp_path, fixtures):
     done = run_nys("finetune", "--task", "imdb", "--init", str(fixtures["checkpoint"]),
-                   f"data.dir={fixtures['imdb']}", "--max-len", "48", "task.dev_examples=6",
+                   f"data.path={fixtures['imdb']}", "--max-len", "48", "task.dev_examples=6",
                    "task.test_examples=8", "--steps", "4", "--batch-size", "4", *SMALL)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "positions 32..47 copied from 0..31" in done.stdout
@@ -239,7 +239,7 @@ def test_imdb_beyond_the_checkpoint_length(run_nys, tmp_path, fixtures):
     # eval_only of that run, same attention and test subset: the same reviews, the same score
     (run_dir,) = (tmp_path / "outputs" / "finetune").iterdir()
     again = run_nys("finetune", f"eval_only={run_dir}", "task=imdb", "task.test_examples=8",
-                    f"data.dir={fixtures['imdb']}", "threads=1")  # fmt: skip
+                    f"data.path={fixtures['imdb']}", "threads=1")  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
     evaluated = results(tmp_path / "outputs").query("mode == 'eval_only'").iloc[0]
     assert evaluated.examples == 8 and evaluated.accuracy == pytest.approx(row.test_accuracy)
@@ -247,7 +247,7 @@ def test_imdb_beyond_the_checkpoint_length(run_nys, tmp_path, fixtures):
 
 def test_mnli_from_scratch_like_a_checkpoint(run_nys, tmp_path, fixtures):
     like = f"scratch.like={fixtures['checkpoint']}"
-    done = run_nys("finetune", "task=mnli", "init=scratch", like, f"data.dir={fixtures['mnli']}",
+    done = run_nys("finetune", "task=mnli", "init=scratch", like, f"data.path={fixtures['mnli']}",
                    "--steps", "2", "--batch-size", "8", *SMALL)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     row = results(tmp_path / "outputs").query("task == 'mnli'").iloc[0]
@@ -258,9 +258,9 @@ def test_mnli_from_scratch_like_a_checkpoint(run_nys, tmp_path, fixtures):
 
 def test_bad_paths_fail_in_one_line(run_nys, tmp_path, fixtures):
     missing = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
-                      f"data.dir={tmp_path / 'nowhere'}", "threads=1")  # fmt: skip
+                      f"data.path={tmp_path / 'nowhere'}", "threads=1")  # fmt: skip
     assert missing.returncode == 2, missing.stdout + missing.stderr
-    assert "task=mrpc: data.dir=" in missing.stdout and "nowhere is not a folder" in missing.stdout
+    assert "task=mrpc: data.path=" in missing.stdout and "nowhere is not a folder" in missing.stdout
     bad_init = run_nys("finetune", f"init={tmp_path}", "threads=1")
     assert bad_init.returncode == 2
     assert f"init={tmp_path} is not a pretrained checkpoint" in bad_init.stdout
@@ -272,7 +272,7 @@ def test_bad_paths_fail_in_one_line(run_nys, tmp_path, fixtures):
 def test_corrupt_checkpoint_fails_in_one_line(run_nys, fixtures):
     (fixtures["checkpoint"] / "model.pt").write_bytes(b"not torch")
     corrupt = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
-                      f"data.dir={fixtures['mrpc']}", "threads=1")  # fmt: skip
+                      f"data.path={fixtures['mrpc']}", "threads=1")  # fmt: skip
     assert corrupt.returncode == 2 and "model.pt is corrupt" in corrupt.stdout
     assert "Traceback" not in corrupt.stdout + corrupt.stderr
 
@@ -317,8 +317,8 @@ def test_render_lays_runs_out_as_table_2() -> None:
 
 
 def test_starts_from_a_real_nys_pretrain_run(run_nys, tmp_path):
-    from tests.test_pretrain import tiny
-    from tests.test_pretrain_data import write_corpus
+    from tests.helpers import pretrain_tiny as tiny
+    from tests.helpers import write_corpus
 
     write_corpus(tmp_path / "corpus", n_docs=40)
     done = run_nys("pretrain", *tiny(tmp_path / "corpus", tmp_path / "cache"), "--steps", "2")
@@ -358,7 +358,7 @@ def test_bad_values_are_user_errors(override, message):
 def test_finetune_from_a_checkpoint_on_two_ranks(run_nys, tmp_path, fixtures):
     """The classifier (encoder + pooler + head) trains through DDP on 2 gloo ranks."""
     done = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
-                   f"data.dir={fixtures['mrpc']}", "--steps", "2", "--batch-size", "4",
+                   f"data.path={fixtures['mrpc']}", "--steps", "2", "--batch-size", "4",
                    "trainer.nproc_per_node=2", *SMALL)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     row = results(tmp_path / "outputs").iloc[0]

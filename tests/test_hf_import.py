@@ -238,9 +238,9 @@ def results(root: Path) -> pd.DataFrame:
 def test_import_finetune_then_evaluate_only_with_other_attentions(run_nys, tmp_path):
     folder = tiny_checkpoint(tmp_path / "ckpt")
     data = sst2_folder(tmp_path / "SST-2")
-    common = ["threads=1", "trainer.progress=false", f"data.dir={data}"]
+    common = ["threads=1", "trainer.progress=false", f"data.path={data}"]
     done = run_nys("finetune", f"init=hf:{folder}", "attention=softmax", "trainer.max_steps=6",
-                   "trainer.batch_size=8", "task.eval_every=3", "trainer.lr=1e-3",
+                   "trainer.batch_size=8", "trainer.eval_every=3", "trainer.lr=1e-3",
                    *common)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = (tmp_path / "outputs" / "finetune").iterdir()
@@ -331,7 +331,7 @@ def test_continued_pretraining_with_nystrom_then_finetune(run_nys, tmp_path):
     assert row["model"] == f"hf:{folder}" and row["vocab_size"] == 23 and row["max_len"] == 40
     assert row["attention"].startswith("nystrom-4")
     data = sst2_folder(tmp_path / "SST-2")
-    tuned = run_nys("finetune", f"init={run_dir}", f"data.dir={data}", "trainer.max_steps=2",
+    tuned = run_nys("finetune", f"init={run_dir}", f"data.path={data}", "trainer.max_steps=2",
                     "trainer.batch_size=8", "threads=1", "trainer.progress=false")  # fmt: skip
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     row = pd.read_csv(next((tmp_path / "outputs" / "finetune").rglob("results.csv"))).iloc[0]
@@ -357,7 +357,7 @@ def test_distillation_continues_a_checkpoint_with_nystrom_then_finetunes(run_nys
     assert row["best_val_distill_loss"] == val["distill_loss"].min() and list(val.step) == [4, 8]
     assert (run_dir / "pretraining_curves.png").exists() and "distill loss" in done.stdout
     data = sst2_folder(tmp_path / "SST-2")
-    tuned = run_nys("finetune", f"init={run_dir}", f"data.dir={data}", "trainer.max_steps=2",
+    tuned = run_nys("finetune", f"init={run_dir}", f"data.path={data}", "trainer.max_steps=2",
                     "trainer.batch_size=8", "threads=1", "trainer.progress=false")  # fmt: skip
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     # with the checkpoint's own attention the student is its teacher: loss 0 before training
@@ -397,7 +397,7 @@ def test_approx_error_source_checkpoint_end_to_end(run_nys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the plot was fun , the acting was great . " * 8)
     done = run_nys("approx-error", "source=checkpoint", f"checkpoint=hf:{folder}",
-                   f"text_path={text}", "seq_len=32", "budgets=[4,8]", "plots=true",
+                   f"data.path={text}", "seq_len=32", "budgets=[4,8]", "plots=true",
                    "methods=[nystrom]", "baselines=[uniform]", "threads=1")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = next(tmp_path.rglob("results.csv"))

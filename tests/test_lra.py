@@ -2,36 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 from rich.console import Console
 
 from nyscli.experiments.lra.command import render
-
-TINY = [
-    "task.generate.n_train=48",
-    "task.generate.n_val=16",
-    "task.generate.n_test=16",
-    "task.generate.min_len=10",
-    "task.generate.max_len=40",
-    "task.max_len=40",
-    "task.eval_every=2",
-    "task.warmup_steps=1",
-    "trainer.log_every=1",
-    "attention.num_landmarks=4",
-    "model.dim=16",
-    "model.ffn_dim=16",
-    "threads=1",
-    "--steps",
-    "4",
-    "--batch-size",
-    "8",
-]
-
-
-def run_folders(root: Path) -> list[Path]:
-    return sorted(p.parent.parent for p in root.rglob(".hydra/config.yaml"))
+from tests.helpers import LRA_TINY as TINY
+from tests.helpers import run_folders
 
 
 def test_lra_runs_stops_resumes_and_rejects_a_corrupt_checkpoint(run_nys, tmp_path):

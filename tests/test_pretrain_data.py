@@ -22,42 +22,7 @@ from nyscli.data.pretraining import (
     document_pairs,
     prepare_pretraining,
 )
-
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-    "nu",
-    "xi",
-    "omicron",
-]
-
-
-def write_corpus(folder, n_docs: int = 30, seed: int = 0) -> list[str]:
-    """``n_docs`` .txt documents of 2-4 paragraphs of random sentences; also returns them."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    docs = []
-    for i in range(n_docs):
-        paragraphs = []
-        for _ in range(rng.integers(2, 5)):
-            sents = [
-                " ".join(rng.choice(WORDS, rng.integers(3, 9))).capitalize() + "."
-                for _ in range(rng.integers(1, 4))
-            ]
-            paragraphs.append(" ".join(sents))
-        docs.append(f"Document{i} " + "\n\n".join(paragraphs))
-        (folder / f"doc{i:03d}.txt").write_text(docs[-1])
-    return docs
+from tests.helpers import write_corpus
 
 
 def test_folder_reads_txt_as_one_document_and_jsonl_by_line(tmp_path):

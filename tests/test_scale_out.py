@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from nyscli.bridge import config_multirun
+from nyscli.bridge import plan_launch
 from nyscli.experiments.report.sweep_summary import LOCK_FILE, SUMMARY_FILE, write_summary
 from nyscli.train import ShuffledBatches, distributed
 
@@ -175,10 +175,11 @@ def test_a_launched_world_is_read_from_the_environment(monkeypatch, env, world):
 
 def test_a_cluster_preset_means_multirun_and_local_does_not():
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    assert not config_multirun("approx_error", [])
-    assert not config_multirun("approx_error", ["cluster=local"])
-    assert config_multirun("approx_error", ["cluster=local_parallel", "seed=1,2"])
-    assert config_multirun("lra", ["hydra.mode=MULTIRUN"])
+    assert not plan_launch("approx_error", [], multirun=False).multirun
+    assert not plan_launch("approx_error", ["cluster=local"], multirun=False).multirun
+    preset = ["cluster=local_parallel", "seed=1,2"]
+    assert plan_launch("approx_error", preset, multirun=False).multirun
+    assert plan_launch("lra", ["hydra.mode=MULTIRUN"], multirun=False).multirun
 
 
 @pytest.mark.parametrize(

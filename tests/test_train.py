@@ -8,52 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceClassificationDataset
+from nyscli.data.common import ClassificationCollate
 from nyscli.experiments.lra.tasks import classification_objective
-from nyscli.models import build_classifier
 from nyscli.train import (
     LAST,
     CheckpointError,
     ShuffledBatches,
-    Trainer,
-    TrainerConfig,
     TrainingDiverged,
-    eval_batches,
     load_checkpoint,
-    seed_everything,
 )
 from nyscli.train.schedule import warmup_decay_factor
-
-TINY_MODEL = {"dim": 16, "depth": 1, "num_heads": 2, "ffn_dim": 16, "dropout": 0.2}
-
-
-def toy_dataset(n: int, seed: int) -> SequenceClassificationDataset:
-    """Sequences of 3..12 tokens; label = whether token 1 occurs more often than token 2."""
-    gen = torch.Generator().manual_seed(seed)
-    seqs, labels = [], []
-    for _ in range(n):
-        length = int(torch.randint(3, 13, (1,), generator=gen))
-        seq = torch.randint(1, 5, (length,), generator=gen)
-        seqs.append(seq.numpy())
-        labels.append(int((seq == 1).sum() > (seq == 2).sum()))
-    return SequenceClassificationDataset(RaggedSequences.from_list(seqs), torch.tensor(labels))
-
-
-def make_trainer(run_dir: Path, **overrides) -> tuple[Trainer, ShuffledBatches, object]:
-    seed_everything(0)
-    model = build_classifier(
-        vocab_size=5, max_len=12, num_classes=2, model=TINY_MODEL, attention={"name": "softmax"}
-    )
-    values = dict(
-        max_steps=8, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=4, log_every=2,
-        clip_grad_norm=1.0, progress=False,
-    )  # fmt: skip
-    config = TrainerConfig.from_mapping({**values, **overrides})
-    collate = ClassificationCollate(12)
-    train_set = toy_dataset(40, seed=1)
-    train = ShuffledBatches(train_set, 4, collate, seed=0, lengths=train_set.seqs.lengths, bucket=2)
-    dev = eval_batches(toy_dataset(12, seed=2), 8, collate)
-    return Trainer(model, classification_objective, config, run_dir, "cpu"), train, dev
+from tests.helpers import make_trainer, toy_dataset
 
 
 def metrics(run_dir: Path) -> pd.DataFrame:

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from nyscli.train import ShuffledBatches
 from nyscli.train.resume import Change, setup_changes
-from tests.test_lra import TINY, run_folders
+from tests.helpers import LRA_TINY as TINY
+from tests.helpers import run_folders
 
 
 def test_setup_changes_ignore_only_how_to_run():

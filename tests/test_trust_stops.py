@@ -16,8 +16,8 @@ import torch
 
 from nyscli.experiments.lra.tasks import classification_objective
 from nyscli.train import BEST, LAST, TrainingDiverged, load_checkpoint
-from tests.test_lra import TINY, run_folders
-from tests.test_train import make_trainer
+from tests.helpers import LRA_TINY as TINY
+from tests.helpers import make_trainer, run_folders
 
 
 def test_nan_dev_loss_is_never_best_and_names_the_last_finite_checkpoint(tmp_path):

@@ -16,7 +16,8 @@ from nyscli.experiments.lra import command as lra
 from nyscli.experiments.pretrain.objectives import frozen_batches
 from nyscli.experiments.training import baseline_fields, fit_schedule
 from nyscli.train import TrainerConfig, eval_batches
-from tests.test_lra import TINY, run_folders
+from tests.helpers import LRA_TINY as TINY
+from tests.helpers import run_folders
 
 
 def sorted_dataset(n_per_class: int, classes: int = 2) -> SequenceClassificationDataset:
@@ -97,7 +98,7 @@ def test_warmup_and_eval_interval_scale_with_a_step_cap():
 
 def test_lra_with_steps_below_the_warmup_reaches_the_peak_lr(run_nys, tmp_path):
     # The ListOps defaults: 5000 steps, warm-up 1000, eval every 500; --steps 10 keeps the ratios.
-    args = [a for a in TINY if not a.startswith(("task.eval_every", "task.warmup_steps"))]
+    args = [a for a in TINY if not a.startswith(("trainer.eval_every", "trainer.warmup_steps"))]
     args[args.index("--steps") + 1] = "10"
     done = run_nys("lra", *args, f"data_cache={tmp_path / 'cache'}")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -165,7 +166,7 @@ def test_results_row_flags_a_majority_result_and_a_single_class_dev_set(caplog):
 
 def test_schedule_values_given_on_the_command_line_are_kept(tmp_path):
     (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "overrides.yaml").write_text("- task.warmup_steps=300\n- seed=1\n")
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- trainer.warmup_steps=300\n- seed=1\n")
     text = TrainerConfig(
         max_steps=100, batch_size=32, planned_steps=20000, warmup_steps=300, eval_every=1000
     )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from nyscli.attention.errors import option
+from nyscli.attention.core import CausalOnlyCore
 from nyscli.attention.kernelized import kernelized_attention
 from nyscli.attention.masking import check_qkv, zero_padded
 from nyscli.attention.registry import register
-from nyscli.rules import Bool
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -18,7 +17,7 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
 
 @register("linear")
-class LinearAttention(nn.Module):
+class LinearAttention(CausalOnlyCore):
     """out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / phi(q_i)^T sum_j phi(k_j), phi = elu + 1.
 
     No 1/sqrt(d) scale: the kernel phi(q).phi(k) replaces exp(q.k / sqrt(d)) altogether.
@@ -26,13 +25,6 @@ class LinearAttention(nn.Module):
     Args:
         causal: query i sees keys j <= i only (prefix sums over the sequence).
     """
-
-    options = {"causal": Bool()}
-    budget_key = None
-
-    def __init__(self, causal: bool = False) -> None:
-        super().__init__()
-        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "linear"

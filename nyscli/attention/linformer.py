@@ -7,14 +7,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention.errors import AttentionConfigError, not_causal, option
+from nyscli.attention.core import Core, configure
+from nyscli.attention.errors import AttentionConfigError, not_causal
 from nyscli.attention.masking import check_qkv, zero_padded
 from nyscli.attention.registry import register
 from nyscli.rules import Int
 
 
 @register("linformer")
-class LinformerAttention(nn.Module):
+class LinformerAttention(Core):
     """softmax(Q (E K)^T / sqrt(d)) (F V) with learned E, F: (k, max_seq_len), shared by heads.
 
     An input of length n <= max_seq_len uses the first n columns of E and F (position j of the
@@ -37,9 +38,7 @@ class LinformerAttention(nn.Module):
 
     def __init__(self, proj_dim: int = 256, max_seq_len: int = 16384, causal: bool = False) -> None:
         super().__init__()
-        self.causal = option(self, "causal", causal)
-        self.proj_dim = option(self, "proj_dim", proj_dim)
-        self.max_seq_len = option(self, "max_seq_len", max_seq_len)
+        configure(self, locals())  # every argument checked against options
         # The Linformer paper initialises the projections from N(0, 1/k).
         std = 1.0 / math.sqrt(proj_dim)
         self.proj_k = nn.Parameter(torch.randn(proj_dim, max_seq_len) * std)

@@ -6,10 +6,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from nyscli.attention.chunking import in_head_groups
-from nyscli.attention.errors import option
+from nyscli.attention.core import Core, configure
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
 from nyscli.rules import Bool, Int
@@ -27,7 +27,7 @@ def _windows(x: Tensor, left: int, right: int, span: int, step: int) -> Tensor:
 
 
 @register("longformer")
-class LongformerAttention(nn.Module):
+class LongformerAttention(Core):
     """Softmax attention restricted to a band |i - j| <= (window - 1) / 2, plus global tokens.
 
     Queries are cut into blocks of about (window - 1) / 2; each block scores only the keys its
@@ -53,9 +53,7 @@ class LongformerAttention(nn.Module):
 
     def __init__(self, window: int = 257, global_tokens: int = 0, causal: bool = False) -> None:
         super().__init__()
-        self.window = option(self, "window", window)
-        self.global_tokens = option(self, "global_tokens", global_tokens)
-        self.causal = option(self, "causal", causal)
+        configure(self, locals())  # every argument checked against options
 
     def label(self) -> str:
         return f"longformer-{self.window}"

@@ -6,9 +6,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from nyscli.attention.errors import not_causal, option
+from nyscli.attention.core import Core, configure
+from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
     select_landmarks,
@@ -23,7 +24,7 @@ from nyscli.rules import Choice, Int
 
 
 @register("nystrom")
-class NystromAttention(nn.Module):
+class NystromAttention(Core):
     """S V ~= softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V with landmark Q~, K~.
 
     Args:
@@ -70,14 +71,7 @@ class NystromAttention(nn.Module):
         causal: bool = False,
     ) -> None:
         super().__init__()
-        self.causal = option(self, "causal", causal)
-        self.num_landmarks = option(self, "num_landmarks", num_landmarks)
-        self.pinv = option(self, "pinv", pinv)
-        self.pinv_init = option(self, "pinv_init", pinv_init)
-        self.pinv_iterations = option(self, "pinv_iterations", pinv_iterations)
-        self.landmarks = option(self, "landmarks", landmarks)
-        self.kmeans_iterations = option(self, "kmeans_iterations", kmeans_iterations)
-        self.seed = option(self, "seed", seed)
+        configure(self, locals())  # every argument checked against options
         self.exact = SoftmaxAttention()
 
     def label(self) -> str:

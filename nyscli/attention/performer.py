@@ -6,9 +6,10 @@ import math
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from nyscli.attention.errors import AttentionConfigError, option
+from nyscli.attention.core import Core, configure
+from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.kernelized import kernelized_attention
 from nyscli.attention.masking import check_qkv
 from nyscli.attention.registry import register
@@ -65,7 +66,7 @@ def favor_features(
 
 
 @register("performer")
-class PerformerAttention(nn.Module):
+class PerformerAttention(Core):
     """softmax attention estimated with FAVOR+: phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1).
 
     The projection W is a buffer (saved with the model), drawn from a generator seeded with
@@ -87,10 +88,7 @@ class PerformerAttention(nn.Module):
         self, num_features: int = 256, redraw: bool = False, seed: int = 0, causal: bool = False
     ) -> None:
         super().__init__()
-        self.num_features = option(self, "num_features", num_features)
-        self.seed = option(self, "seed", seed)
-        self.redraw = option(self, "redraw", redraw)
-        self.causal = option(self, "causal", causal)
+        configure(self, locals())  # every argument checked against options
         self.generator = torch.Generator().manual_seed(seed)
         # Sized by the head dimension, known only at the first forward (or from a checkpoint).
         self.register_buffer("projection", None)

@@ -6,9 +6,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from nyscli.attention.errors import not_causal, option
+from nyscli.attention.core import Core, configure
+from nyscli.attention.errors import not_causal
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
 from nyscli.rules import Int
@@ -46,7 +47,7 @@ def _with_previous_chunk(x: Tensor) -> Tensor:
 
 
 @register("reformer")
-class ReformerAttention(nn.Module):
+class ReformerAttention(Core):
     """Softmax attention over the tokens that share a chunk after sorting by an LSH bucket.
 
     Keys are the queries themselves, normalised to unit length (shared-QK), so the ``k`` input
@@ -81,10 +82,7 @@ class ReformerAttention(nn.Module):
         self, n_hashes: int = 2, bucket_size: int = 64, seed: int = 0, causal: bool = False
     ) -> None:
         super().__init__()
-        self.causal = option(self, "causal", causal)
-        self.n_hashes = option(self, "n_hashes", n_hashes)
-        self.bucket_size = option(self, "bucket_size", bucket_size)
-        self.seed = option(self, "seed", seed)
+        configure(self, locals())  # every argument checked against options
 
     def label(self) -> str:
         return f"reformer-{self.n_hashes}"

@@ -6,12 +6,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from nyscli.attention.errors import option
+from nyscli.attention.core import CausalOnlyCore
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
-from nyscli.rules import Bool
 
 
 def keep_mask(
@@ -28,19 +27,12 @@ def keep_mask(
 
 
 @register("softmax")
-class SoftmaxAttention(nn.Module):
+class SoftmaxAttention(CausalOnlyCore):
     """Exact attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
     PyTorch picks a fused (flash / memory-efficient) kernel where it can, so memory is O(n)
     without a mask; with a mask it may fall back to the math kernel.
     """
-
-    options = {"causal": Bool()}
-    budget_key = None
-
-    def __init__(self, causal: bool = False) -> None:
-        super().__init__()
-        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "softmax (SDPA)"
@@ -62,15 +54,8 @@ class SoftmaxAttention(nn.Module):
 
 
 @register("softmax_naive")
-class NaiveSoftmaxAttention(nn.Module):
+class NaiveSoftmaxAttention(CausalOnlyCore):
     """Exact attention with the n x n matrix written out (the paper's "Transformer" row)."""
-
-    options = {"causal": Bool()}
-    budget_key = None
-
-    def __init__(self, causal: bool = False) -> None:
-        super().__init__()
-        self.causal = option(self, "causal", causal)
 
     def label(self) -> str:
         return "softmax_naive"

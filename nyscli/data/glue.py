@@ -1,6 +1,6 @@
 """GLUE readers: the official TSV folder layout (and Hugging Face ``datasets`` when online).
 
-A task folder (``data.dir=…/glue/SST-2``) holds ``train.tsv`` and ``dev.tsv`` (MNLI:
+A task folder (``data.path=…/glue/SST-2``) holds ``train.tsv`` and ``dev.tsv`` (MNLI:
 ``dev_matched.tsv`` and ``dev_mismatched.tsv``) and optionally unlabelled test files. Columns
 are found by their header names, as laid out by GLUE's ``download_glue_data.py``:
 
@@ -111,12 +111,12 @@ def read_tsv(path: Path) -> tuple[list[str], list[list[str]]]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"data.dir: cannot read {path} ({exc})") from None
+        raise DataError(f"data.path: cannot read {path} ({exc})") from None
     # split("\n") rather than splitlines(): the latter also breaks at \x1c, \u2028, ... in text.
     lines = [line.rstrip("\r") for line in text.split("\n")]
     lines = [line for line in lines if line]
     if not lines:
-        raise DataError(f"data.dir: {path} is empty; expected a header line")
+        raise DataError(f"data.path: {path} is empty; expected a header line")
     return lines[0].split("\t"), [line.split("\t") for line in lines[1:]]
 
 
@@ -126,7 +126,7 @@ def read_glue_file(path: Path, task: GlueTask) -> TextExamples:
     missing = [c for c in task.text_columns if c not in header]
     if missing:
         raise DataError(
-            f"data.dir: {path} has no column(s) {', '.join(missing)} (header: "
+            f"data.path: {path} has no column(s) {', '.join(missing)} (header: "
             f"{', '.join(header)}); expected GLUE {task.folder} with {', '.join(task.text_columns)}"
         )
     text_at = [header.index(c) for c in task.text_columns]
@@ -138,7 +138,7 @@ def read_glue_file(path: Path, task: GlueTask) -> TextExamples:
     for line, row in enumerate(rows, start=2):
         if len(row) <= needed:
             raise DataError(
-                f"data.dir: {path} line {line} has {len(row)} fields; expected {len(header)}"
+                f"data.path: {path} line {line} has {len(row)} fields; expected {len(header)}"
             )
         for column, at in zip(columns, text_at, strict=True):
             column.append(row[at].strip())
@@ -146,7 +146,7 @@ def read_glue_file(path: Path, task: GlueTask) -> TextExamples:
             value = row[label_at].strip()
             if value not in label_ids:
                 raise DataError(
-                    f"data.dir: {path} line {line}: label {value!r}; expected one of "
+                    f"data.path: {path} line {line}: label {value!r}; expected one of "
                     f"{', '.join(task.labels)}"
                 )
             labels.append(label_ids[value])
@@ -166,7 +166,7 @@ def read_glue_folder(folder: Path, task: GlueTask) -> dict[str, TextExamples]:
             if split in task.test_splits:
                 continue  # GLUE test files are optional (and unlabelled)
             raise DataError(
-                f"data.dir={folder} has no {split}.tsv; expected the GLUE {task.folder} folder "
+                f"data.path={folder} has no {split}.tsv; expected the GLUE {task.folder} folder "
                 f"(train.tsv, {', '.join(s + '.tsv' for s in task.dev_splits)})"
             )
         out[split] = read_glue_file(path, task)
@@ -179,13 +179,14 @@ def read_glue_hf(task: GlueTask) -> dict[str, TextExamples]:
         import datasets  # lazy: optional dependency, and slow to import
     except ImportError:
         raise DataError(
-            f"data.dir=glue/{task.name} means the Hugging Face dataset, which needs `pip install "
+            f"data.path=glue/{task.name} means the Hugging Face dataset, which needs `pip install "
             f"datasets` and network access; offline, pass the GLUE {task.folder} folder"
         ) from None
     try:
         ds = datasets.load_dataset("glue", task.name)
     except Exception as exc:  # network, hub and cache errors come in many types
-        raise DataError(f"data.dir=glue/{task.name}: loading from the hub failed ({exc})") from None
+        where = f"data.path=glue/{task.name}"
+        raise DataError(f"{where}: loading from the hub failed ({exc})") from None
     out = {}
     for split, hf_split in {"train": "train", **task.hf_splits}.items():
         part = ds[hf_split]
@@ -206,7 +207,7 @@ def read_glue(source: str | os.PathLike[str], task_name: str) -> dict[str, TextE
     if not path.exists() and str(source) in {p + task.name for p in HF_PREFIXES}:
         return read_glue_hf(task)
     raise DataError(
-        f"data.dir={source} is not a folder; expected the GLUE {task.folder} folder "
+        f"data.path={source} is not a folder; expected the GLUE {task.folder} folder "
         f"(train.tsv, {', '.join(s + '.tsv' for s in task.dev_splits)}) or glue/{task.name} "
         "(Hugging Face datasets, online)"
     )

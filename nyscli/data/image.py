@@ -50,8 +50,13 @@ NUM_CLASSES = 10
 GRAY_WEIGHTS = (0.2989, 0.5870, 0.1140)
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
+# The offline substitute's folder: $NYSCLI_FASHION_MNIST if set, else the Debian package's.
+FASHION_MNIST_ENV = "NYSCLI_FASHION_MNIST"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_HINT = "sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu package)"
+FASHION_MNIST_HINT = (
+    "sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu package), or set "
+    f"{FASHION_MNIST_ENV}=<folder with its IDX files>"
+)
 CIFAR10 = "CIFAR-10"
 FASHION_MNIST = "Fashion-MNIST (substitute for CIFAR-10)"
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -138,15 +143,23 @@ def _idx_file(root: Path, stem: str) -> Path:
     raise DataError(f"data.path={root}: missing {stem}[.gz]; expected Fashion-MNIST IDX files")
 
 
+def fashion_mnist_dir() -> Path:
+    """Where the offline substitute is read from when no ``data.path`` is given."""
+    return Path(os.environ.get(FASHION_MNIST_ENV) or FASHION_MNIST_DIR)
+
+
 def read_fashion_mnist(
-    path: str | os.PathLike[str] = FASHION_MNIST_DIR,
+    path: str | os.PathLike[str] | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{"train": (images (60000, 32, 32) uint8, labels), "test": (10000, ...)}``, padded."""
-    if Path(path) == FASHION_MNIST_DIR and not FASHION_MNIST_DIR.is_dir():
+    """``{"train": (images (60000, 32, 32) uint8, labels), "test": (10000, ...)}``, padded.
+
+    ``path`` None: :func:`fashion_mnist_dir`."""
+    if path is None and not fashion_mnist_dir().is_dir():
         raise DataError(
-            f"Fashion-MNIST is not installed at {FASHION_MNIST_DIR}: {FASHION_MNIST_HINT}; "
-            "or give task.data.path=<cifar-10-batches-py> for CIFAR-10"
+            f"Fashion-MNIST is not installed at {fashion_mnist_dir()}: {FASHION_MNIST_HINT}; "
+            "or give data.path=<cifar-10-batches-py> for CIFAR-10"
         )
+    path = fashion_mnist_dir() if path is None else path
     root = require_path(path, "a folder with Fashion-MNIST IDX files (train-images-idx3-ubyte)")
     out = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
@@ -194,7 +207,7 @@ def load_cifar10(path: str | os.PathLike[str], *, val_fraction: float = 0.1) -> 
 
 
 def load_fashion_mnist(
-    path: str | os.PathLike[str] = FASHION_MNIST_DIR, *, val_fraction: float = 0.1
+    path: str | os.PathLike[str] | None = None, *, val_fraction: float = 0.1
 ) -> TaskData:
     """Fashion-MNIST datasets of ``(pixel ids (1024,), label)`` padded to 32x32: 54k/6k/10k."""
     return _task(read_fashion_mnist(path), val_fraction, FASHION_MNIST)

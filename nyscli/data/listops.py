@@ -446,7 +446,7 @@ def read_listops_tsv(
     """
     path = require_path(path, "a ListOps TSV file (Source<TAB>Target)")
     ids_parts, count_parts, label_parts = [], [], []
-    with reading(path, "data_dir", "a ListOps TSV file"), open(path, "rb") as f:
+    with reading(path, "data.path", "a ListOps TSV file"), open(path, "rb") as f:
         first = f.readline()
         rest = b"" if first.split(b"\t")[0].strip() == b"Source" else first
         while True:

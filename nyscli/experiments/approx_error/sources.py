@@ -149,7 +149,7 @@ def cut_sequences(
     special: (cls, sep, pad) ids. Returns input_ids (B, n) and mask (B, n) bool, True = real.
     """
     if not ids:
-        raise UserInputError(f"source={source} got an empty text; give text_path=FILE with text")
+        raise UserInputError(f"source={source} got an empty text; give data.path=FILE with text")
     cls_id, sep_id, pad_id = special
     body = max_tokens - 2
     pieces = [ids[i : i + body] for i in range(0, len(ids), body)][:max_sequences]

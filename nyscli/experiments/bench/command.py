@@ -142,21 +142,9 @@ def memory_limit_mb(cfg: DictConfig) -> float | None:
     return None
 
 
-def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
-    device = str(resolve_device(str(cfg.device)))
-    if cfg.threads:  # the workers use it; set here too so env.json and the table agree
-        torch.set_num_threads(int(cfg.threads))
-    rows = attention_rows(cfg, include_selected=user_selected_attention())
-    labels = [attention_label(row) for row in rows]
-    # Every (attention, scope) pair of one n is timed interleaved with the others, so a
-    # module's time can be set against its projections' and its core's from the same rounds.
-    points = [
-        (row, label, scope)
-        for scope in scopes_of(cfg)
-        for row, label in zip(rows, labels, strict=True)
-    ]
-    seq_lens = sorted(set(cfg.seq_lens))
-    common = {
+def worker_settings(cfg: DictConfig, device: str) -> dict[str, Any]:
+    """What every worker of the run measures with, besides its attention, scope and n."""
+    return {
         "batch_size": cfg.batch_size,
         "hidden": cfg.hidden,
         "num_heads": cfg.num_heads,
@@ -171,6 +159,52 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "threads": int(cfg.threads or torch.get_num_threads()),
         "memory_limit_mb": memory_limit_mb(cfg),
     }
+
+
+def record(
+    point: dict[str, Any],
+    row: Any,
+    cfg: DictConfig,
+    common: dict[str, Any],
+    load: float,
+    result: dict[str, Any],
+) -> dict[str, Any]:
+    """One results.csv row: the point, the settings, and what the worker measured (every
+    measurement column present, None where the point failed or was skipped)."""
+    return {
+        **point,
+        "baseline": cfg.baseline,
+        **{k: v for k, v in common.items() if k != "memory_limit_mb"},
+        "attention_config": json.dumps(row, sort_keys=True),
+        "load_avg": load,
+        "time_ms": None,
+        "time_ms_min": None,
+        "time_ms_iqr": None,
+        "repeats": None,
+        "spread": None,
+        "remeasured": None,
+        "noisy": None,
+        "peak_mb": None,
+        "error": None,
+        **result,
+    }
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    device = str(resolve_device(str(cfg.device)))
+    if cfg.threads:  # the workers use it; set here too so env.json and the table agree
+        torch.set_num_threads(int(cfg.threads))
+    rows = attention_rows(cfg, include_selected=user_selected_attention())
+    labels = [attention_label(row) for row in rows]
+    # Every (attention, scope) pair of one n is timed interleaved with the others, so a
+    # module's time can be set against its projections' and its core's from the same rounds.
+    points = [
+        (row, label, scope)
+        for scope in scopes_of(cfg)
+        for row, label in zip(rows, labels, strict=True)
+    ]
+    seq_lens = sorted(set(cfg.seq_lens))
+    common = worker_settings(cfg, device)
     records: list[dict[str, Any]] = []
     hint = busy_hint(int(cfg.threads or torch.get_num_threads()))
     if hint:
@@ -209,28 +243,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                 if result["status"] in ("oom", "timeout"):
                     stopped[(label, scope)] = result["status"]
                 log.info("%s [%s] n=%d: %s", label, scope, n, _describe(result))
-                records.append(
-                    {
-                        "attention": label,
-                        "method": row["name"],
-                        "scope": scope,
-                        "seq_len": n,
-                        "baseline": cfg.baseline,
-                        **{k: v for k, v in common.items() if k != "memory_limit_mb"},
-                        "attention_config": json.dumps(row, sort_keys=True),
-                        "load_avg": load,
-                        "time_ms": None,
-                        "time_ms_min": None,
-                        "time_ms_iqr": None,
-                        "repeats": None,
-                        "spread": None,
-                        "remeasured": None,
-                        "noisy": None,
-                        "peak_mb": None,
-                        "error": None,
-                        **result,
-                    }
-                )
+                point = {"attention": label, "method": row["name"], "scope": scope, "seq_len": n}
+                records.append(record(point, row, cfg, common, load, result))
                 progress.advance(task)
     df = pd.DataFrame.from_records(records)
     plot(df, run_dir / "bench.png", cfg)

@@ -96,12 +96,6 @@ __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's 
 
 RULES: dict[str, schema.Rule] = {
     "task.max_len": schema.Int(low=3),  # a pair needs [CLS] and two [SEP]
-    "task.batch_size": schema.COUNT,
-    "task.lr": schema.Float(low=0.0, low_open=True),
-    "task.weight_decay": schema.Float(low=0.0),
-    "task.steps": schema.OPTIONAL_COUNT,
-    "task.eval_every": schema.COUNT,
-    "task.eval_examples": schema.OPTIONAL_COUNT,
     "task.dev_examples": schema.OPTIONAL_COUNT,
     "task.test_examples": schema.OPTIONAL_COUNT,
     "task.train_examples": schema.OPTIONAL_COUNT,
@@ -110,10 +104,23 @@ RULES: dict[str, schema.Rule] = {
     "eval_only": schema.Text(null=True),
     "scratch.like": schema.Text(null=True),
     "scratch.tokenizer": schema.Text(),
-    "data.dir": schema.Text(null=True),
+    "data.path": schema.Text(null=True),
     "epochs": schema.Float(low=0.0, low_open=True),
     "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
     "conv_fit_examples": schema.Int(low=0),
+}
+
+
+# Keys renamed when every command got one name for a data location and task files began to
+# set trainer.* directly: old -> new (a prefix renames every key below it).
+RENAMED = {
+    "data.dir": "data.path",
+    "task.batch_size": "trainer.batch_size",
+    "task.eval_every": "trainer.eval_every",
+    "task.eval_examples": "trainer.eval_examples",
+    "task.lr": "trainer.lr",
+    "task.steps": "trainer.max_steps",
+    "task.weight_decay": "trainer.weight_decay",
 }
 
 
@@ -171,14 +178,8 @@ def init_label(source: str) -> str:
     return "/".join(parts[-2:]) if parts[-1] == "pretrained" else parts[-1]
 
 
-def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
-    if cfg.get("eval_only"):
-        if cfg.threads:
-            torch.set_num_threads(int(cfg.threads))
-        return evaluate_only(cfg, run_dir)
-    started = time.perf_counter()
-    task = str(cfg.task.name)
-    device, plan = start_run(cfg, run_dir)
+def start_model(cfg: DictConfig) -> tuple[StartingPoint, BertClassifier]:
+    """The encoder the run starts from (logged) and the classifier around it."""
     start: StartingPoint = starting_point(
         cfg, selected_attention(cfg, names_attention(current_overrides()))
     )
@@ -188,17 +189,70 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if start.extended_from:
         log.info("positions %d..%d copied from 0..%d", start.extended_from,
                  int(cfg.task.max_len) - 1, start.extended_from - 1)  # fmt: skip
+    task = str(cfg.task.name)
     model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
     if start.pooler is not None:  # an imported checkpoint's pooler; the classifier is new
         model.pooler.load_state_dict(start.pooler)
+    return start, model
 
-    max_len = int(cfg.task.max_len)
-    examples = load_examples(cfg.task, cfg.data.dir, int(cfg.seed))
+
+def load_splits(cfg: DictConfig, start: StartingPoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's examples (train and test as seeded subsets where asked) and their tokens."""
+    examples = load_examples(cfg.task, cfg.data.path, int(cfg.seed))
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], cfg.task.get("test_examples"))
     examples["train"] = seeded_subset(examples["train"], cfg.task.get("train_examples"))
+    max_len = int(cfg.task.max_len)
     encoded = {k: encode_examples(v, start.tokenizer, max_len) for k, v in examples.items()}
-    log.info("task %s: %s examples", task, ", ".join(f"{len(v)} {k}" for k, v in encoded.items()))
+    counts = ", ".join(f"{len(v)} {k}" for k, v in encoded.items())
+    log.info("task %s: %s examples", cfg.task.name, counts)
+    return examples, encoded
+
+
+def final_scores(
+    trainer: Trainer, fit: Any, encoded: dict[str, Any], devs: tuple[str, ...], batches: Any
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The final model on all of each dev set (also logged to metrics.csv) and on test; NaN
+    test accuracy when the run stopped early or the task has no test split."""
+    final: dict[str, dict[str, float]] = {}
+    test = {"accuracy": math.nan}
+    if not fit.completed:
+        return final, test
+    for split in devs:
+        final[split] = trainer.evaluate(batches(encoded[split]))
+        final[split].pop("tokens_per_s", None)
+        trainer.metrics.append(fit.step, split, final[split])
+    if "test" in encoded:
+        test = trainer.test(batches(encoded["test"]))
+        log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    return final, test
+
+
+def trainer_settings(
+    cfg: DictConfig, run_dir: Path, train_examples: int, per_update: int
+) -> TrainerConfig:
+    """The trainer's settings for ``epochs`` over ``train_examples`` (capped by
+    trainer.max_steps), with the warm-up of ``warmup_ratio`` and the eval interval fitted."""
+    steps, warmup = schedule(cfg, train_examples, per_update)
+    planned = planned_steps(cfg, train_examples, per_update)
+    settings = dataclasses.replace(
+        trainer_config(cfg, steps), warmup_steps=warmup, planned_steps=planned
+    )
+    # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
+    return fit_schedule(settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",))
+
+
+def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
+    if cfg.get("eval_only"):
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        return evaluate_only(cfg, run_dir)
+    started = time.perf_counter()
+    task = str(cfg.task.name)
+    device, plan = start_run(cfg, run_dir)
+    start, model = start_model(cfg)
+    max_len = int(cfg.task.max_len)
+    examples, encoded = load_splits(cfg, start)
     collate = PairCollate(max_len, start.tokenizer.pad_id)
 
     batch_size = int(cfg.trainer.batch_size)  # per rank
@@ -208,15 +262,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if cfg.conv_fit_examples and plan.checkpoint is None:  # a resumed run has its filters
         fit_conv_skip(start.encoder, examples["train"], int(cfg.conv_fit_examples),
                       start.tokenizer, max_len, batch_size)  # fmt: skip
-    steps, warmup = schedule(cfg, len(encoded["train"]), per_update)
-    planned = planned_steps(cfg, len(encoded["train"]), per_update)
-    settings = dataclasses.replace(
-        trainer_config(cfg, steps), warmup_steps=warmup, planned_steps=planned
-    )
-    # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
-    settings = fit_schedule(
-        settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",)
-    )
+    settings = trainer_settings(cfg, run_dir, len(encoded["train"]), per_update)
     metrics = metric_names(task)
     objective = ClassificationObjective(f1="f1" in metrics)
     trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
@@ -227,19 +273,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
     balance = class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
     fit = trainer.fit(train, dev, plan.checkpoint)
-
-    final: dict[str, dict[str, float]] = {}
-    test = {"accuracy": math.nan}
-    if fit.completed:
-        for split in devs:  # the final model on all of each dev set
-            final[split] = trainer.evaluate(
-                eval_batches(by_length(encoded[split]), eval_size, collate)
-            )
-            final[split].pop("tokens_per_s", None)
-            trainer.metrics.append(fit.step, split, final[split])
-        if "test" in encoded:
-            test = trainer.test(eval_batches(by_length(encoded["test"]), eval_size, collate))
-            log.info("test accuracy %.4f (best dev step %s)", test["accuracy"], fit.best_step)
+    final, test = final_scores(trainer, fit, encoded, devs, lambda d: eval_batches(
+        by_length(d), eval_size, collate))  # fmt: skip
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))

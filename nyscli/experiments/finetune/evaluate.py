@@ -3,7 +3,7 @@
 The fine-tuned classifier of that run (its ``checkpoints/best.pt``, else ``last.pt``) is
 rebuilt from the run's own config (init, task, max_len, seed, data) and evaluated with the
 attention the command line selects swapped in (none selected: the attention it was trained
-with). Only ``task.test_examples``, ``data.dir``, ``threads``, ``device`` and
+with). Only ``task.test_examples``, ``data.path``, ``threads``, ``device`` and
 ``trainer.eval_batch_size`` may differ from the run; IMDB reports the (seeded) test subset,
 GLUE its dev splits. A sweep such as
 ``nys finetune -m eval_only=<run> attention=nystrom attention.num_landmarks=16,32,64``
@@ -64,7 +64,7 @@ from nyscli.train import (
 
 DEPLOYMENT_PLOT = "deployment.png"
 # Keys of the current command line that may differ from the evaluated run's config.
-OWN_KEYS = ("task.test_examples", "data.dir")
+OWN_KEYS = ("task.test_examples", "data.path")
 
 
 def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
@@ -130,7 +130,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     except ValueError as error:
         raise UserInputError(f"{checkpoint}: {error}") from None
 
-    examples = load_examples(merged.task, merged.data.dir, int(merged.seed))
+    examples = load_examples(merged.task, merged.data.path, int(merged.seed))
     max_len = int(merged.task.max_len)
     if cfg.conv_fit_examples:
         fit_conv_skip(start.encoder, examples["train"], int(cfg.conv_fit_examples),

@@ -59,7 +59,7 @@ def _imdb(source: str, dev_examples: int, seed: int) -> dict[str, TextExamples]:
     path = Path(source).expanduser()
     if not path.exists() and source not in IMDB_HF_NAMES:
         raise DataError(
-            f"data.dir={source} does not exist; expected an aclImdb folder or a CSV with columns "
+            f"data.path={source} does not exist; expected an aclImdb folder or a CSV with columns "
             "review,sentiment[,split], or imdb (Hugging Face datasets, online)"
         )
     raw = read_imdb(source)
@@ -82,12 +82,12 @@ def _imdb(source: str, dev_examples: int, seed: int) -> dict[str, TextExamples]:
     }
 
 
-def load_examples(task: DictConfig, data_dir: str | None, seed: int) -> dict[str, TextExamples]:
+def load_examples(task: DictConfig, data_path: str | None, seed: int) -> dict[str, TextExamples]:
     """The task's labelled splits; data problems become one-line UserInputErrors."""
     name = str(task.name)
     if name not in TASKS:
         raise UserInputError(f"task={name} is not allowed; choose one of: {', '.join(TASKS)}")
-    source = data_dir or (IMDB_HF_NAMES[0] if name == "imdb" else HF_PREFIXES[1] + name)
+    source = data_path or (IMDB_HF_NAMES[0] if name == "imdb" else HF_PREFIXES[1] + name)
     try:
         if name == "imdb":
             splits = _imdb(source, int(task.dev_examples), seed)

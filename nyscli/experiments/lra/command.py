@@ -63,8 +63,7 @@ CURVE_FILE = "learning_curve.png"
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
-# The split sizes and seed of a generated task (ListOps: task.generate, Pathfinder:
-# task.data.generate).
+# The split sizes and seed of a generated task (data.generate of ListOps and Pathfinder).
 GENERATED: dict[str, schema.Rule] = {
     "n_train": schema.COUNT,
     "n_val": schema.COUNT,
@@ -73,36 +72,44 @@ GENERATED: dict[str, schema.Rule] = {
 }
 # The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
 RULES: dict[str, schema.Rule] = {
-    **schema.prefixed("task.generate", GENERATED),
-    **schema.prefixed("task.data.generate", GENERATED),
+    **schema.prefixed("data.generate", GENERATED),
+    "task.max_len": schema.COUNT,
+    "task.test_examples": schema.OPTIONAL_COUNT,
+    "task.pooling": schema.Choice(values=POOLINGS),
     **schema.prefixed(
-        "task",
+        "data",
         {
-            "max_len": schema.COUNT,
-            "batch_size": schema.COUNT,
-            "warmup_steps": schema.Int(low=0),
-            "steps": schema.COUNT,
-            "eval_every": schema.COUNT,
-            "eval_examples": schema.OPTIONAL_COUNT,
-            "test_examples": schema.OPTIONAL_COUNT,
-            "pooling": schema.Choice(values=POOLINGS),
-            "data_dir": schema.Text(null=True),
+            "path": schema.Text(null=True),
             "generate.min_len": schema.COUNT,
             "generate.max_len": schema.COUNT,
             "generate.max_depth": schema.COUNT,
             "generate.max_args": schema.Int(low=2),
-            "data.generate.image_size": schema.Int(low=8),
-            "data.path": schema.Text(null=True),
-            "data.val_fraction": schema.PROBABILITY,
-            "data.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-            "data.seed": schema.SEED,
-            "data.split_seed": schema.SEED,
-            "data.pairs_per_document": schema.COUNT,
-            "data.difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
-            "data.workers": schema.OPTIONAL_COUNT,
+            "generate.image_size": schema.Int(low=8),
+            "val_fraction": schema.PROBABILITY,
+            "test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+            "seed": schema.SEED,
+            "split_seed": schema.SEED,
+            "pairs_per_document": schema.COUNT,
+            "difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
+            "workers": schema.OPTIONAL_COUNT,
         },
     ),
     "model.pooling": schema.Choice(values=POOLINGS),
+}
+
+
+# Keys renamed when every command got one name for a data location and task files began to
+# set trainer.* directly: old -> new (a prefix renames every key below it).
+RENAMED = {
+    "task.data_dir": "data.path",
+    "task.data": "data",
+    "task.generate": "data.generate",
+    "task.batch_size": "trainer.batch_size",
+    "task.eval_every": "trainer.eval_every",
+    "task.eval_examples": "trainer.eval_examples",
+    "task.lr": "trainer.lr",
+    "task.steps": "trainer.max_steps",
+    "task.warmup_steps": "trainer.warmup_steps",
 }
 
 
@@ -117,7 +124,7 @@ def validate(cfg: DictConfig) -> None:
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
     check_values(cfg, RULES)
-    check_source(cfg.task)
+    check_source(cfg.task, cfg.data)
     check_device(cfg, trainer_config(cfg))
     check_attention(cfg)
 
@@ -130,7 +137,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     device, plan = start_run(cfg, run_dir)
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, cfg.data_cache, cfg.threads)
+        data = load_task(cfg.task, cfg.data, cfg.data_cache, cfg.threads)
     # After the data: a bad data file is then the run's only output line.
     settings = fit_schedule(trainer_config(cfg), run_dir)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)

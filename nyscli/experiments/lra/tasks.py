@@ -53,24 +53,28 @@ def _settings(cls: type, node: Any, option: str) -> Any:
     return cls(**values)
 
 
-Loader = Callable[[DictConfig, Path | None, int | None], TaskData]
+# (task, data, cache folder, threads) -> the task's splits; data = the config's data node.
+Loader = Callable[[DictConfig, DictConfig, Path | None, int | None], TaskData]
 
 
-def _listops(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+def _listops(
+    task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
+) -> TaskData:
     from nyscli.data.listops import ListOpsConfig, load_listops
 
     return load_listops(
-        task.data_dir,
+        data.path,
         cache_dir=cache_dir,
-        config=_settings(ListOpsConfig, task.generate, "task.generate"),
+        config=_settings(ListOpsConfig, data.generate, "data.generate"),
         max_len=int(task.max_len),
     )
 
 
-def _text(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+def _text(
+    task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
+) -> TaskData:
     from nyscli.data.text import default_imdb_source, load_imdb
 
-    data = task.data
     return load_imdb(
         data.path or default_imdb_source(),  # ../shared's CSV, else HF "imdb" (online)
         max_len=int(task.max_len),
@@ -80,32 +84,33 @@ def _text(task: DictConfig, cache_dir: Path | None, threads: int | None) -> Task
     )
 
 
-def _source(task: DictConfig, real: str, substitute: str) -> str:
-    """``task.data.source``, with ``auto`` = the real data when a path is given, else the
+def _source(data: DictConfig, real: str, substitute: str) -> str:
+    """``data.source``, with ``auto`` = the real data when a path is given, else the
     offline substitute."""
-    source = task.data.source
+    source = data.source
     if source == "auto":
-        return real if task.data.path else substitute
+        return real if data.path else substitute
     if source not in (real, substitute):
         allowed = ", ".join(("auto", real, substitute))
-        raise UserInputError(f"task.data.source={source} is not allowed; choose one of: {allowed}")
+        raise UserInputError(f"data.source={source} is not allowed; choose one of: {allowed}")
     return source
 
 
 SOURCES = {"retrieval": ("aan", "wiki_topic_pairs"), "image": ("cifar10", "fashion_mnist")}
 
 
-def check_source(task: DictConfig) -> None:
-    """A bad ``task.data.source`` of retrieval or image as a one-line error (no data read)."""
+def check_source(task: DictConfig, data: DictConfig) -> None:
+    """A bad ``data.source`` of retrieval or image as a one-line error (no data read)."""
     if task.name in SOURCES:
-        _source(task, *SOURCES[task.name])
+        _source(data, *SOURCES[task.name])
 
 
-def _retrieval(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+def _retrieval(
+    task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
+) -> TaskData:
     from nyscli.data.retrieval import load_aan, load_wiki_topic_pairs
 
-    data = task.data
-    if _source(task, *SOURCES["retrieval"]) == "wiki_topic_pairs":
+    if _source(data, *SOURCES["retrieval"]) == "wiki_topic_pairs":
         return load_wiki_topic_pairs(
             max_len=int(task.max_len),
             pairs_per_document=int(data.pairs_per_document),
@@ -113,37 +118,37 @@ def _retrieval(task: DictConfig, cache_dir: Path | None, threads: int | None) ->
         )
     if not data.path:
         raise UserInputError(
-            "task.data.source=aan needs task.data.path=<folder with new_aan_pairs.*.tsv> "
+            "data.source=aan needs data.path=<folder with new_aan_pairs.*.tsv> "
             "(the LRA release's AAN files)"
         )
     return load_aan(data.path, max_len=int(task.max_len))
 
 
-def _image(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+def _image(
+    task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
+) -> TaskData:
     from nyscli.data.image import load_cifar10, load_fashion_mnist
 
-    data = task.data
-    if _source(task, *SOURCES["image"]) == "cifar10":
+    if _source(data, *SOURCES["image"]) == "cifar10":
         if not data.path:
-            raise UserInputError(
-                "task.data.source=cifar10 needs task.data.path=<cifar-10-batches-py>"
-            )
+            raise UserInputError("data.source=cifar10 needs data.path=<cifar-10-batches-py>")
         return load_cifar10(data.path, val_fraction=float(data.val_fraction))
-    kwargs = {"path": data.path} if data.path else {}  # default: Debian's folder
+    kwargs = {"path": data.path} if data.path else {}  # default: the substitute's folder
     return load_fashion_mnist(**kwargs, val_fraction=float(data.val_fraction))
 
 
-def _pathfinder(task: DictConfig, cache_dir: Path | None, threads: int | None) -> TaskData:
+def _pathfinder(
+    task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
+) -> TaskData:
     from nyscli.data.pathfinder import (
         DIFFICULTY_CONTOUR_LENGTH,
         PathfinderConfig,
         load_pathfinder,
     )
 
-    data = task.data
     config = None
     if data.difficulty in DIFFICULTY_CONTOUR_LENGTH:
-        config = _settings(PathfinderConfig, data.generate, "task.data.generate")
+        config = _settings(PathfinderConfig, data.generate, "data.generate")
         config = dataclasses.replace(
             config, contour_length=DIFFICULTY_CONTOUR_LENGTH[data.difficulty]
         )
@@ -165,7 +170,9 @@ LOADERS: dict[str, Loader] = {
 }
 
 
-def load_task(task: DictConfig, cache_dir: str | None, threads: int | None = None) -> TaskData:
+def load_task(
+    task: DictConfig, data: DictConfig, cache_dir: str | None, threads: int | None = None
+) -> TaskData:
     """The task's three splits and collate; data problems become one-line UserInputErrors.
 
     ``threads`` (the run's ``threads``) caps the processes of a data generator.
@@ -174,13 +181,12 @@ def load_task(task: DictConfig, cache_dir: str | None, threads: int | None = Non
         raise UserInputError(f"task={task.name} is not allowed; choose one of: {', '.join(TASKS)}")
     try:
         cache = Path(cache_dir).expanduser() if cache_dir else None
-        data = LOADERS[task.name](task, cache, threads)
+        splits = LOADERS[task.name](task, data, cache, threads)
     except DataError as error:
         raise UserInputError(f"task={task.name}: {error}") from error
-    sizes = {"train": len(data.train), "dev": len(data.val), "test": len(data.test)}
-    source = task.get("data_dir") or OmegaConf.select(task, "data.path") or "the generator"
-    require_examples(sizes, f"task={task.name}", source)
-    return data
+    sizes = {"train": len(splits.train), "dev": len(splits.val), "test": len(splits.test)}
+    require_examples(sizes, f"task={task.name}", data.get("path") or "the generator")
+    return splits
 
 
 def _labels(dataset: Any) -> np.ndarray:

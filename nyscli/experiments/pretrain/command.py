@@ -154,9 +154,20 @@ def _load_data(cfg: DictConfig, imported: ImportedBert | None) -> PretrainingDat
         )
         max_len = imported.encoder.config.max_len
     try:
-        return prepare_pretraining(cfg.data, tokenizer, max_len, cfg.data_cache)
+        data = prepare_pretraining(cfg.data, tokenizer, max_len, cfg.data_cache)
     except DataError as error:
         raise UserInputError(str(error)) from error
+    log.info(
+        "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
+        "vocabulary %d",
+        len(data.train_docs),
+        len(data.val_docs),
+        len(data.train),
+        len(data.val),
+        float(data.train.lengths.mean()),
+        data.tokenizer.vocab_size,
+    )
+    return data
 
 
 def pretraining_model(imported: ImportedBert) -> BertForPretraining:
@@ -179,6 +190,21 @@ def _most_frequent_token(data: PretrainingData) -> int:
     return int(np.argmax(counts))
 
 
+def pair_batches(
+    cfg: DictConfig, data: PretrainingData, settings: TrainerConfig
+) -> tuple[ShuffledBatches, Any]:
+    """Training batches (masks drawn per batch from the run's seed) and the validation
+    batches (the same masks and swaps for every run, whatever its seed)."""
+    collate = PretrainCollate.for_tokenizer(data.tokenizer, float(cfg.mlm_probability))
+    train = ShuffledBatches(
+        data.train, settings.batch_size, collate, int(cfg.seed), data.train.lengths,
+        settings.bucket,
+    )  # fmt: skip
+    eval_size = settings.eval_batch_size or settings.batch_size
+    dev = frozen_batches(data.val, eval_size, collate, SUBSET_SEED, settings.eval_examples)
+    return train, dev
+
+
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     settings = fit_schedule(trainer_config(cfg), run_dir)
@@ -191,32 +217,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     with distributed.main_first():  # one rank trains the tokenizer and fills the caches
         data = _load_data(cfg, imported)
     tokenizer = data.tokenizer
-    log.info(
-        "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
-        "vocabulary %d",
-        len(data.train_docs),
-        len(data.val_docs),
-        len(data.train),
-        len(data.val),
-        float(data.train.lengths.mean()),
-        tokenizer.vocab_size,
-    )
-    collate = PretrainCollate.for_tokenizer(tokenizer, float(cfg.mlm_probability))
-    train = ShuffledBatches(
-        data.train,
-        settings.batch_size,
-        collate,
-        int(cfg.seed),
-        data.train.lengths,
-        settings.bucket,
-    )
-    dev = frozen_batches(
-        data.val,
-        settings.eval_batch_size or settings.batch_size,
-        collate,
-        SUBSET_SEED,  # the same masks and swaps for every run, whatever its seed
-        settings.eval_examples,
-    )
+    train, dev = pair_batches(cfg, data, settings)
     setup = (
         _distillation(imported, settings, device)
         if cfg.get("objective") == "distill"
@@ -231,12 +232,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     fit = trainer.fit(train, dev, plan.checkpoint)
     if not distributed.is_main():
         return pd.DataFrame()
-    best = run_dir / CHECKPOINT_DIR / BEST
-    pretrained = None
-    if best.exists():
-        setup.model.load_state_dict(load_checkpoint(best, device)["model"])
-        pretrained = save_pretrained(run_dir / PRETRAINED_DIR, setup.encoder.cpu(), tokenizer)
-        log.info("pre-trained encoder (step %s): %s", fit.best_step, pretrained)
+    pretrained = keep_best_encoder(run_dir, setup, tokenizer, device, fit.best_step)
     name = model_name() if imported is None else str(cfg.init)
     label = attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
     metrics = pd.read_csv(run_dir / METRICS_FILE)
@@ -278,6 +274,20 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
+
+
+def keep_best_encoder(
+    run_dir: Path, setup: Setup, tokenizer: Any, device: Any, best_step: Any
+) -> Path | None:
+    """Save the best checkpoint's encoder (and tokenizer) as ``pretrained/`` for nys finetune;
+    None when no checkpoint was kept."""
+    best = run_dir / CHECKPOINT_DIR / BEST
+    if not best.exists():
+        return None
+    setup.model.load_state_dict(load_checkpoint(best, device)["model"])
+    pretrained = save_pretrained(run_dir / PRETRAINED_DIR, setup.encoder.cpu(), tokenizer)
+    log.info("pre-trained encoder (step %s): %s", best_step, pretrained)
+    return pretrained
 
 
 @dataclasses.dataclass

@@ -1,0 +1,45 @@
+"""The interface every attention core shares, and the options of the exact ones.
+
+A core is an ``nn.Module`` whose ``forward(q, k, v, key_padding_mask=None)`` maps
+q, k, v: (B, H, n, d) and a bool key_padding_mask: (B, n) (True = real token) to (B, H, n, d).
+It declares ``options`` (each constructor argument -> a rule) and ``budget_key`` (the option
+that sets its cost; None for exact attention), and names itself in tables with ``label()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from nyscli.attention.errors import option
+from nyscli.rules import Bool, Rule
+
+
+class Core(nn.Module):
+    """Base of every core: its options, its budget key and its label (see the module doc)."""
+
+    options: ClassVar[dict[str, Rule]]
+    budget_key: ClassVar[str | None]
+
+    def label(self) -> str:
+        raise NotImplementedError
+
+
+class CausalOnlyCore(Core):
+    """A core whose one option is ``causal`` and which has no budget (exact softmax, linear
+    attention)."""
+
+    options: ClassVar[dict[str, Rule]] = {"causal": Bool()}
+    budget_key: ClassVar[str | None] = None
+
+    def __init__(self, causal: bool = False) -> None:
+        super().__init__()
+        configure(self, locals())
+
+
+def configure(core: Core, arguments: dict[str, Any]) -> None:
+    """Check each constructor argument (``locals()`` of ``__init__``) against the core's
+    ``options`` and set it as an attribute: ``core.num_landmarks`` and the like."""
+    for key in type(core).options:
+        setattr(core, key, option(core, key, arguments[key]))
