@@ -202,8 +202,11 @@ def approx_error(
     ] = None,
     seed: Seed = None,
     multirun: Multirun = False,
+    text_path: Annotated[str | None, typer.Option(hidden=True)] = None,  # renamed: --data-path
 ) -> None:
     """How close Nyström (and its rivals) come to exact attention, sweeping the budget m."""
+    if text_path is not None:
+        fail(f"--text-path is now --data-path: give --data-path {text_path}")
     typed = {
         "source": source,
         "seq_len": seq_len,

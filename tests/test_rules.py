@@ -109,3 +109,30 @@ def test_trainer_rules_are_the_trainer_config_fields_and_checked_by_both():
             TrainerConfig.from_mapping(values)
         with pytest.raises(UserInputError, match=rf"^trainer\.{key}={bad} is not allowed"):
             schema.check(OmegaConf.create({"trainer": values}), schema.TRAINING)
+
+
+@pytest.mark.parametrize(
+    "command, old, new",
+    [
+        ("finetune", "data.dir=/x", "data.path=/x"),
+        ("finetune", "task.lr=1e-3", "trainer.lr=1e-3"),
+        ("finetune", "task.steps=5", "trainer.max_steps=5"),
+        ("lra", "task.data_dir=/x", "data.path=/x"),
+        ("lra", "task.data.val_fraction=0.1", "data.val_fraction=0.1"),
+        ("lra", "task.generate.n_train=9", "data.generate.n_train=9"),
+        ("lra", "+task.warmup_steps=3", "trainer.warmup_steps=3"),
+        ("approx_error", "text_path=a.txt", "data.path=a.txt"),
+    ],
+)
+def test_old_key_names_are_refused_naming_the_new_one(command, old, new, tmp_path, monkeypatch,
+                                                      capsys):  # fmt: skip
+    """One name for a data location, schedules as trainer.*: an old key stops the launch in
+    one line (exit 2) that names the key to give instead, and no run folder is made."""
+    from nyscli.bridge import launch
+
+    monkeypatch.chdir(tmp_path)
+    assert launch(command, [old]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"give {new}" in lines[0]
+    assert not (tmp_path / "outputs").exists()
