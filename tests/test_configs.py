@@ -148,3 +148,20 @@ def test_linformer_projections_are_sized_for_the_commands_longest_input():
     assert compose("bench", ["attention=linformer"]).attention.max_seq_len == 16384
     chosen = compose("lra", ["attention=linformer", "attention.max_seq_len=300"])
     assert chosen.attention.max_seq_len == 300
+
+
+def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
+    """One composition checks a single run and finds its folder (Hydra composes once more when
+    it runs it); a sweep composes its hydra node and then each job once."""
+    from hydra._internal.hydra import Hydra
+
+    calls = []
+    original = Hydra.compose_config
+    monkeypatch.setattr(
+        Hydra, "compose_config", lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw)
+    )
+    plan = plan_launch("bench", ["seq_lens=[64]"], multirun=False)
+    assert (len(calls), plan.multirun) == (1, False)
+    calls.clear()
+    plan = plan_launch("bench", ["seq_lens=[64]", "seed=1,2"], multirun=True)
+    assert (len(calls), plan.multirun) == (3, True)

@@ -20,8 +20,10 @@ _PROBABILITY = Float(low=0.0, high=1.0, high_open=True)
 # What each trainer setting may hold, the one source: TrainerConfig.check and the CLI's config
 # check (nyscli.experiments.schema) both read it.
 TRAINER: dict[str, Rule] = {
-    "max_steps": _COUNT,
+    # planned_steps first: a task's max_steps is ${.planned_steps}, so a bad planned_steps
+    # shows in both and the error should name the key the user gave.
     "planned_steps": _OPTIONAL_COUNT,
+    "max_steps": _COUNT,
     "batch_size": _COUNT,
     "accumulate": _COUNT,
     "lr": Float(low=0.0, low_open=True),
