@@ -10,6 +10,9 @@ import pandas as pd
 
 from nyscli.output.plots import pyplot, save_figure
 
+# The learning-curve figure of a training run folder (lra, finetune).
+LEARNING_CURVE_FILE = "learning_curve.png"
+
 
 def learning_curve(
     metrics: pd.DataFrame, path: Path, title: str = "", metric: str = "accuracy"

@@ -75,7 +75,7 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.output.curves import learning_curve
+from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.paper import TABLE2
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
@@ -90,7 +90,6 @@ from nyscli.train import (
 
 log = logging.getLogger(__name__)
 
-CURVE_FILE = "learning_curve.png"
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
@@ -278,7 +277,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))
-    learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / CURVE_FILE,
+    learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / LEARNING_CURVE_FILE,
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
     first = final.get(devs[0], {})
     score = (test if reported == "test" else first).get("accuracy", math.nan)

@@ -45,7 +45,7 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models import POOLINGS, build_classifier
-from nyscli.output.curves import learning_curve
+from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
     METRICS_FILE,
@@ -59,7 +59,6 @@ from nyscli.train import (
 
 log = logging.getLogger(__name__)
 
-CURVE_FILE = "learning_curve.png"
 __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
 
 
@@ -181,7 +180,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
     metrics = pd.read_csv(run_dir / METRICS_FILE)
-    learning_curve(metrics, run_dir / CURVE_FILE, f"LRA {cfg.task.name}, {label}")
+    learning_curve(metrics, run_dir / LEARNING_CURVE_FILE, f"LRA {cfg.task.name}, {label}")
     row: dict[str, Any] = {
         "task": cfg.task.name,
         "dataset": data.dataset,
