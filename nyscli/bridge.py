@@ -45,6 +45,7 @@ from nyscli import ranks
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
+from nyscli.experiments.renamed import refuse_renamed
 from nyscli.experiments.report.sweep_summary import write_summary
 from nyscli.files import write_csv, write_json, write_text
 from nyscli.output.env import collect_env
@@ -175,18 +176,6 @@ def _compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictCo
     return composing.compose_config(
         config_name=command, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=False
     )
-
-
-def refuse_renamed(command: str, overrides: list[str]) -> None:
-    """A renamed key (the command's ``RENAMED``: old -> new, a prefix for the keys below it)
-    is refused in one line naming the new one, before Hydra's 'not in struct' error."""
-    renamed = getattr(experiment_module(command), "RENAMED", {})
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        for old, new in renamed.items():
-            if key == old or key.startswith(old + "."):
-                now = new + key[len(old) :]
-                raise UserInputError(f"{key} is now {now}: give {now}={value}")
 
 
 def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:

@@ -136,3 +136,34 @@ def test_old_key_names_are_refused_naming_the_new_one(command, old, new, tmp_pat
     lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and f"give {new}" in lines[0]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_run_recorded_before_the_renames_reads_in_todays_names():
+    """resume= and eval_only= read an old run's .hydra/config.yaml through the same table the
+    command line refuses old keys with: values move to the new names, interpolations of the
+    record resolve first, and a trainer value the record holds (a --steps cap) is kept."""
+    from nyscli.experiments.renamed import upgrade_recorded
+
+    old_lra = OmegaConf.create(
+        {
+            "command": "lra",
+            "task": {"name": "listops", "max_len": 40, "steps": 5000, "batch_size": 32,
+                     "eval_every": 2, "data_dir": None, "generate": {"n_train": 48}},
+            "trainer": {"max_steps": 4, "batch_size": "${oc.select:task.batch_size,16}",
+                        "eval_every": "${oc.select:task.eval_every,500}"},
+        }
+    )  # fmt: skip
+    new = upgrade_recorded(old_lra, "lra")
+    assert OmegaConf.to_container(new) == {
+        "command": "lra",
+        "task": {"name": "listops", "max_len": 40},
+        "trainer": {"max_steps": 4, "batch_size": 32, "eval_every": 2},
+        "data": {"path": None, "generate": {"n_train": 48}},
+    }
+    old_finetune = OmegaConf.create({"task": {"name": "sst2", "lr": 3e-5}, "data": {"dir": "x"},
+                                     "trainer": {"lr": "${oc.select:task.lr,1e-4}"}})  # fmt: skip
+    assert OmegaConf.to_container(upgrade_recorded(old_finetune, "finetune")) == {
+        "task": {"name": "sst2"},
+        "data": {"path": "x"},
+        "trainer": {"lr": 3e-5},
+    }

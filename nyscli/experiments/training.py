@@ -16,6 +16,7 @@ from nyscli.attention import check_width
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.experiments.renamed import upgrade_recorded
 from nyscli.models.bert import BertConfig
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import (
@@ -61,7 +62,10 @@ def check_attention(cfg: DictConfig) -> None:
 def resume_plan(cfg: DictConfig, run_dir: Path | None = None) -> ResumePlan:
     """What ``cfg.resume`` continues (see :mod:`nyscli.train.resume`); ``run_dir``: this run's
     folder, never a candidate for ``resume=true``."""
-    return plan_resume(cfg, Path(OUTPUT_ROOT) / str(cfg.command), run_dir)
+    command = str(cfg.command)
+    return plan_resume(
+        cfg, Path(OUTPUT_ROOT) / command, run_dir, lambda saved: upgrade_recorded(saved, command)
+    )
 
 
 def preflight(cfg: DictConfig) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,15 @@ def _off(resume: Any) -> bool:
     return resume is None or resume is False or str(resume).lower() in ("false", "none", "null")
 
 
-def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = None) -> ResumePlan:
+def plan_resume(
+    cfg: DictConfig,
+    runs_root: Path,
+    current_run: Path | None = None,
+    upgrade: Callable[[DictConfig], DictConfig] = lambda saved: saved,
+) -> ResumePlan:
     """What ``cfg.resume`` asks for (UserInputError/CheckpointError when it cannot be done).
+
+    ``upgrade`` reads a saved config in today's key names (a run from before a rename).
 
     ``resume=true``: the newest run folder under ``runs_root`` (by ``last.pt`` time, other than
     ``current_run``) whose settings are identical; if it finished, ``finished`` is set.
@@ -148,7 +156,7 @@ def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = Non
         )
     here = Path(current_run).resolve() if current_run is not None else None
     if resume is True or str(resume).lower() == "true":
-        return _newest_identical(cfg, Path(runs_root), here)
+        return _newest_identical(cfg, Path(runs_root), here, upgrade)
     path = Path(str(resume)).expanduser()
     checkpoint = path if path.is_file() else (_last_checkpoint(path) if path.is_dir() else None)
     if checkpoint is None:
@@ -164,7 +172,7 @@ def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = Non
             "with are unknown; give a run folder that nys wrote"
         )
     try:
-        changes = setup_changes(saved, cfg)
+        changes = setup_changes(upgrade(saved), cfg)
     except Exception as error:  # an old config that no longer resolves
         raise CheckpointError(
             f"resume={resume}: its saved config does not resolve ({error})"
@@ -178,7 +186,12 @@ def plan_resume(cfg: DictConfig, runs_root: Path, current_run: Path | None = Non
     return ResumePlan(checkpoint, tuple(changes), is_finished(run))
 
 
-def _newest_identical(cfg: DictConfig, runs_root: Path, here: Path | None) -> ResumePlan:
+def _newest_identical(
+    cfg: DictConfig,
+    runs_root: Path,
+    here: Path | None,
+    upgrade: Callable[[DictConfig], DictConfig],
+) -> ResumePlan:
     candidates = []
     for config in runs_root.rglob(".hydra/config.yaml"):
         run = config.parent.parent
@@ -186,7 +199,7 @@ def _newest_identical(cfg: DictConfig, runs_root: Path, here: Path | None) -> Re
         if last is None or run.resolve() == here:
             continue
         try:
-            same = not setup_changes(OmegaConf.load(config), cfg)  # type: ignore[arg-type]
+            same = not setup_changes(upgrade(OmegaConf.load(config)), cfg)  # type: ignore[arg-type]
         except Exception:  # an old config that no longer resolves is simply not a match
             continue
         if same:

@@ -63,10 +63,6 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
         raise UserInputError(f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}")
 
 
-# One name for a data location in every command: old -> new.
-RENAMED = {"text_path": "data.path"}
-
-
 def budgets(cfg: DictConfig) -> list[int]:
     """Budgets m: ``budgets`` (a list or one number), else [attention.num_landmarks]."""
     value = cfg.budgets

@@ -110,19 +110,6 @@ RULES: dict[str, schema.Rule] = {
 }
 
 
-# Keys renamed when every command got one name for a data location and task files began to
-# set trainer.* directly: old -> new (a prefix renames every key below it).
-RENAMED = {
-    "data.dir": "data.path",
-    "task.batch_size": "trainer.batch_size",
-    "task.eval_every": "trainer.eval_every",
-    "task.eval_examples": "trainer.eval_examples",
-    "task.lr": "trainer.lr",
-    "task.steps": "trainer.max_steps",
-    "task.weight_decay": "trainer.weight_decay",
-}
-
-
 def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
     """The trainer settings with ``max_steps`` = ``steps`` (the schedule the run computed)."""
     values = OmegaConf.to_container(cfg.trainer, resolve=True)

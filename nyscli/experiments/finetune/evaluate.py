@@ -44,6 +44,7 @@ from nyscli.experiments.finetune.tasks import (
     num_classes,
     seeded_subset,
 )
+from nyscli.experiments.renamed import upgrade_recorded
 from nyscli.experiments.training import baseline_fields, class_balance
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
@@ -75,7 +76,7 @@ def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
         raise UserInputError(
             f"eval_only={folder} is not a run folder; expected a nys finetune run (.hydra/)"
         )
-    cfg = OmegaConf.load(config_file)
+    cfg = upgrade_recorded(OmegaConf.load(config_file), "finetune")  # type: ignore[arg-type]
     if cfg.get("command") != "finetune":
         raise UserInputError(
             f"eval_only={folder} is a {cfg.get('command')} run; expected a nys finetune run"

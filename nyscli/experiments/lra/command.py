@@ -97,21 +97,6 @@ RULES: dict[str, schema.Rule] = {
 }
 
 
-# Keys renamed when every command got one name for a data location and task files began to
-# set trainer.* directly: old -> new (a prefix renames every key below it).
-RENAMED = {
-    "task.data_dir": "data.path",
-    "task.data": "data",
-    "task.generate": "data.generate",
-    "task.batch_size": "trainer.batch_size",
-    "task.eval_every": "trainer.eval_every",
-    "task.eval_examples": "trainer.eval_examples",
-    "task.lr": "trainer.lr",
-    "task.steps": "trainer.max_steps",
-    "task.warmup_steps": "trainer.warmup_steps",
-}
-
-
 def trainer_config(cfg: DictConfig) -> TrainerConfig:
     return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
