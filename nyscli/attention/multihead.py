@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from nyscli.attention.errors import AttentionConfigError
 from nyscli.attention.masking import zero_padded
-from nyscli.attention.registry import build_attention, check_config
+from nyscli.attention.registry import build_attention, check_wrapper_options
 
 CHANNELS_LAST = torch.channels_last
 
@@ -75,12 +75,12 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, attention: Mapping[str, Any]) -> None:
         super().__init__()
         check_width(dim, num_heads)
-        check_config(attention)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
-        self.core = build_attention(attention)
+        self.core = build_attention(attention)  # checks the core's own options
+        check_wrapper_options(attention)
         kernel = int(attention.get("conv_kernel_size", 0) or 0)
         self.conv_skip = ValueConvSkip(num_heads, kernel) if kernel else None
 

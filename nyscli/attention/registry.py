@@ -85,11 +85,18 @@ def check_config(config: Mapping[str, Any], prefix: str = "attention") -> None:
     """Check ``config`` against its core's declared options without building it (no weights,
     no random draws): the name, unknown keys, then every value; one-line errors naming
     ``<prefix>.<key>``."""
-    cls, kwargs = core_options(config)
+    cls, _ = core_options(config)
+    check_wrapper_options(config, prefix)
     for key, value in config.items():
-        rule = WRAPPER_OPTIONS.get(key) or cls.options.get(key)
-        if rule is not None:
-            rule.check(f"{prefix}.{key}", value, AttentionConfigError)
+        if key in cls.options:
+            cls.options[key].check(f"{prefix}.{key}", value, AttentionConfigError)
+
+
+def check_wrapper_options(config: Mapping[str, Any], prefix: str = "attention") -> None:
+    """The multi-head wrapper's own options of ``config`` (the core checks the rest)."""
+    for key, rule in WRAPPER_OPTIONS.items():
+        if key in config:
+            rule.check(f"{prefix}.{key}", config[key], AttentionConfigError)
 
 
 def budget_key(config: Mapping[str, Any]) -> str | None:
