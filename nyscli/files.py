@@ -22,6 +22,18 @@ import pandas as pd
 from nyscli.errors import naming
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it
+    (``/proc/self/status``); elsewhere set and restored at once (the only portable way)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """A handle on a temp file beside ``path``; on success fsync and ``os.replace`` it onto
@@ -33,6 +45,9 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # mkstemp makes the temp file 0600 whatever the umask; the file it becomes should be
+    # readable as any file the user creates (0644 under the usual umask 022), like open() does.
+    os.fchmod(fd, 0o666 & ~current_umask())
     text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
     try:
         with os.fdopen(fd, mode, **text) as handle:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pandas as pd
 from rich.console import Console
 
@@ -37,6 +40,24 @@ def test_lra_runs_stops_resumes_and_rejects_a_corrupt_checkpoint(run_nys, tmp_pa
     assert broken.returncode == 2
     assert "corrupt or unreadable" in broken.stdout
     assert "Traceback" not in broken.stdout + broken.stderr
+
+
+def test_run_files_follow_the_umask(run_nys, tmp_path):
+    """Every file a run leaves (results, metrics, env.json, checkpoints, figures, logs) gets
+    0666 less the umask, as files the user creates do; the atomic writer's temp files used to
+    leave results.csv, metrics.csv, env.json and checkpoints at 0600."""
+    previous = os.umask(0o027)  # the child inherits it; 027 tells it from 022 and from 077
+    try:
+        done = run_nys("lra", *TINY, f"data_cache={tmp_path / 'cache'}")
+    finally:
+        os.umask(previous)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    files = {p.relative_to(run).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in run.rglob("*") if p.is_file()}  # fmt: skip
+    for name in ("results.csv", "metrics.csv", "env.json", "checkpoints/best.pt", "lra.log"):
+        assert name in files, sorted(files)
+    assert {name: oct(mode) for name, mode in files.items() if mode != 0o640} == {}
 
 
 def test_bad_values_fail_in_one_line(run_nys):
