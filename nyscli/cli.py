@@ -323,8 +323,6 @@ def report(
         out = paths[0] / "summary.csv" if one else Path("report.csv")
     if out.is_dir():
         fail(f"--out={out} is a folder; give a file name, e.g. --out {out / 'summary.csv'}")
-    elif not out.parent.is_dir():
-        fail(f"--out={out}: the folder {out.parent} does not exist; create it or give another")
     try:
         show_report(paths, out, figures=out.parent)
     except UserInputError as error:

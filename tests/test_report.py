@@ -100,14 +100,18 @@ def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
 
 def test_report_of_an_approx_error_sweep_writes_csv_and_error_vs_budget(run_nys, tmp_path):
     """Two real runs at budgets 4 and 8 (one with baselines=[uniform]): the table keeps the
-    bracketed label, the CSV lands where --out says, the PNG beside it has one point per run."""
+    bracketed label, the CSV lands where --out says (its folder made), the PNG beside it has
+    one point per run."""
     tiny = ["seq_len=64", "heads=2", "methods=[nystrom]", "plots=false", "threads=1"]
     for m, baselines in ((4, "baselines=[uniform]"), (8, "baselines=[]")):
         done = run_nys(
             "approx-error", *tiny, f"attention.num_landmarks={m}", baselines, f"hydra.run.dir=m{m}"
         )
         assert done.returncode == 0, done.stdout + done.stderr
-    (tmp_path / "nested" / "out").mkdir(parents=True)
+    # --out's folder is made (it used to be refused unless it existed), but not for a
+    # report that is refused.
+    refused = run_nys("report", "no_such_run", "--out", "nested/out/r.csv")
+    assert refused.returncode == 2 and not (tmp_path / "nested").exists()
     done = run_nys("report", "m4", "m8", "--out", "nested/out/r.csv")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "baselines=[uniform]" in done.stdout  # was printed as "baselines=" (rich markup)

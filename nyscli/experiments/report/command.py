@@ -39,6 +39,10 @@ def show_report(
             highlight=False,
         )
         return pd.DataFrame()
+    if out is not None:
+        # --out cmp/x.csv makes cmp/ (once there is something to write, so a refused report
+        # leaves no folder); the figures beside it go there too.
+        out.parent.mkdir(parents=True, exist_ok=True)
     by_command: dict[str, list[RunFolder]] = {}
     for run in runs:
         by_command.setdefault(run.command, []).append(run)
