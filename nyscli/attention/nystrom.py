@@ -20,7 +20,7 @@ from nyscli.attention.nystrom_cpu import fused_path_applies, fused_segment_means
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
-from nyscli.rules import Choice, Int
+from nyscli.rules import Choice, Float, Int
 
 
 @register("nystrom")
@@ -32,6 +32,9 @@ class NystromAttention(Core):
             would be exact anyway, so exact attention is used.
         pinv: ``"iterative"`` (the paper's) or ``"exact"`` (``torch.linalg.pinv``).
         pinv_iterations: iterations of the iterative pseudo-inverse (paper: 6).
+        pinv_tolerance: None (run ``pinv_iterations``), or a residual ||AZA - A||/||A|| in
+            (0, 1): the iterative pseudo-inverse then runs until every landmark kernel meets
+            it (at most ``PINV_MAX_ITERATIONS`` steps), and ``pinv_iterations`` is unused.
         pinv_init: ``"per_matrix"`` (convergent for every matrix) or ``"original"`` (the
             reference code's one scale for the whole batch).
         landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
@@ -51,6 +54,7 @@ class NystromAttention(Core):
         "num_landmarks": Int(low=1),
         "pinv": Choice(PINV_METHODS),
         "pinv_iterations": Int(low=1),
+        "pinv_tolerance": Float(low=0.0, high=1.0, low_open=True, high_open=True, null=True),
         "pinv_init": Choice(PINV_INITS),
         "landmarks": Choice(LANDMARK_METHODS),
         "kmeans_iterations": Int(low=0),  # 0: the random draw itself (no Lloyd step)
@@ -64,6 +68,7 @@ class NystromAttention(Core):
         num_landmarks: int = 64,
         pinv: str = "iterative",
         pinv_iterations: int = 6,
+        pinv_tolerance: float | None = None,
         pinv_init: str = "per_matrix",
         landmarks: str = "segment_means",
         kmeans_iterations: int = 5,
@@ -82,7 +87,7 @@ class NystromAttention(Core):
         """pinv of the landmark kernel a: (B, H, m, m), in float32 or wider."""
         if self.pinv == "exact":
             return exact_pinv(a)
-        return iterative_pinv(a, self.pinv_iterations, self.pinv_init)
+        return iterative_pinv(a, self.pinv_iterations, self.pinv_init, self.pinv_tolerance)
 
     def pick_landmarks(
         self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
