@@ -307,7 +307,9 @@ class Task:
             write_text(f"{one_line(error)}\n\n{traceback.format_exc()}", run_dir / ERROR_FILE)
             if not multirun:
                 raise
-            log.exception("job failed")
+            # One line: the sweep goes on and ends with the list of failed jobs; the traceback
+            # is in the job's error.txt, not on the console between the other jobs.
+            log.error("job failed: %s (traceback in %s)", one_line(error), run_dir / ERROR_FILE)
             return
         if df is None:
             return
@@ -387,7 +389,7 @@ def claim_run_folder(
         if world is not None and world.size >= 2:  # the ranks of one world share the folder
             return None, [], None
         parents = missing_parents(target)  # before the folder (and they) are created
-        return check_new_folder(key, target), parents, None
+        return check_new_folder(key, target), parents, (target if plan.multirun else None)
     # Every rank of a torchrun/srun job runs this: they must share one folder.
     shared = ranks.shared_run_name()
     root = Path(OUTPUT_ROOT) / command / ("multirun" if plan.multirun else "")
@@ -455,18 +457,26 @@ def launch(command: str, arguments: list[str]) -> int:
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
         console.print(f"[red]error:[/] interrupted{escape(where)}", highlight=False, soft_wrap=True)
         return 130
-    except SystemExit:
+    except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
         # the jobs that did finish still get their summary, and the lost ones are listed.
         if sweep_dir is None:
             raise
         write_summary(sweep_dir)
-    if sweep_dir is not None:
-        # Jobs of any launcher, also ones killed before they could write error.txt.
-        failed = [p for p in find_run_folders([sweep_dir]) if not (p / RESULTS_FILE).exists()]
-        if failed:
-            console.print(
-                f"[red]{len(failed)} job(s) failed[/]; see {', '.join(str(f) for f in failed)}"
-            )
-            return 1
-    return 0
+        if exit_.code not in (None, 0):
+            return sweep_outcome(sweep_dir) or 1
+    return 0 if sweep_dir is None else sweep_outcome(sweep_dir)
+
+
+def sweep_outcome(sweep_dir: Path) -> int:
+    """1 with one line naming the failed jobs (those without results, of any launcher, also
+    ones killed before they could write error.txt), else 0."""
+    failed = [p for p in find_run_folders([sweep_dir]) if not (p / RESULTS_FILE).exists()]
+    if not failed:
+        return 0
+    console.print(
+        f"[red]{len(failed)} job(s) failed[/]; see {escape(', '.join(map(str, failed)))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 1

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from nyscli.bridge import launch
+from nyscli.errors import UserInputError
+from nyscli.experiments import experiment_module
 from nyscli.output.runs import ERROR_FILE, find_run_folders, load_run
 
 # (command, overrides, fragment the one line must contain)
@@ -319,3 +321,32 @@ def test_full_disk_during_checkpoint_save_keeps_the_previous_one(tmp_path, monke
     state = checkpoint.load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["step"] == 1
     assert (run / ERROR_FILE).exists() and not load_run(run).ok
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom in the job"), UserInputError("bad data")])
+@pytest.mark.parametrize("given_dir", [True, False])
+def test_a_sweep_with_failed_jobs_exits_1_with_one_line_and_no_traceback(
+    error, given_dir, tmp_path, monkeypatch, capsys
+):
+    """Every job fails (a bug, or a user error found only at run time): the sweep exits 1 and
+    ends with one line naming the failed jobs; the traceback is in each job's error.txt, not on
+    the console. A sweep given hydra.sweep.dir used to exit 0."""
+    monkeypatch.chdir(tmp_path)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(experiment_module("bench"), "run", fail)
+    where = [f"hydra.sweep.dir={tmp_path / 'sweep'}"] if given_dir else []
+    tiny = ["seq_lens=[64]", "attention_set=none", "hidden=32", "num_heads=2"]
+    assert launch("bench", ["-m", *tiny, "attention.num_landmarks=8,16", *where]) == 1
+    [sweep] = {job.parent for job in find_run_folders([tmp_path])}
+    out = capsys.readouterr()
+    console = out.out + out.err
+    assert "Traceback" not in console
+    shown = sweep if given_dir else sweep.relative_to(tmp_path)  # as the user named it
+    assert console.strip().splitlines()[-1] == f"2 job(s) failed; see {shown / '0'}, {shown / '1'}"
+    for job in ("0", "1"):
+        written = (sweep / job / ERROR_FILE).read_text()
+        assert written.startswith(str(error))
+        assert ("Traceback" in written) == isinstance(error, RuntimeError)
