@@ -113,6 +113,7 @@ def validate(cfg: DictConfig) -> None:
             "Nyström settings; pick rivals with methods=[...]"
         )
     schema.check_attentions([("attention", cfg.attention)])
+    approx_methods.check_distinct(list(cfg.methods), cfg.attention)
     if cfg.source == "checkpoint":
         if cfg.data.path is not None and not Path(cfg.data.path).is_file():
             raise UserInputError(f"data.path={cfg.data.path} is not a readable file")

@@ -8,13 +8,16 @@ Longformer window m + 1 (odd: m/2 neighbours each side), and rank m for the trun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention import budget_key, build_attention
+from nyscli.attention import budget_key, build_attention, core_class
+from nyscli.errors import UserInputError
+from nyscli.rules import show
 
 # Nyström variants: method name -> landmark selection (None = as in the attention config).
 NYSTROM_VARIANTS: dict[str, str | None] = {
@@ -38,12 +41,44 @@ def core_name(method: str) -> str:
 
 
 def method_label(method: str, attention: Mapping[str, Any]) -> str:
-    """Row label: ``nystrom`` names its landmark selection unless it is the paper's."""
-    if method == "nystrom" and attention.get("landmarks", "segment_means") != "segment_means":
-        return f"nystrom_{attention['landmarks']}"
-    if method == "nystrom_segment_means":
-        return "nystrom"
-    return method
+    """Row label: ``nystrom`` names its landmark selection unless it is the paper's; every
+    Nyström row also names the settings of ``attention`` that differ from the core's defaults
+    (``nystrom (pinv_iterations=12)``), so jobs of a sweep over them never share a label."""
+    if method not in NYSTROM_VARIANTS:
+        return method
+    selection = NYSTROM_VARIANTS[method] or attention.get("landmarks", "segment_means")
+    label = "nystrom" if selection == "segment_means" else f"nystrom_{selection}"
+    settings = changed_settings(attention)
+    return f"{label} ({', '.join(settings)})" if settings else label
+
+
+def changed_settings(attention: Mapping[str, Any]) -> list[str]:
+    """``key=value`` for each Nyström option in ``attention`` that is not the core's default,
+    leaving out the budget (its own column) and the landmark selection (in the label)."""
+    defaults = inspect.signature(core_class("nystrom")).parameters
+    skip = {"name", "landmarks", budget_key({"name": "nystrom"})}
+    return [
+        f"{key}={show(value)}"
+        for key, value in attention.items()
+        if key in defaults and key not in skip and value != defaults[key].default
+    ]
+
+
+def check_distinct(methods: Sequence[str], attention: Mapping[str, Any]) -> None:
+    """Refuse two methods that would compute the same rows (e.g. ``nystrom`` and
+    ``nystrom_random`` under ``attention.landmarks=random``): one line naming both."""
+    seen: dict[str, str] = {}
+    for method in methods:
+        label = method_label(method, attention)
+        if label in seen:
+            others = [m for m in methods if m not in NYSTROM_VARIANTS or m == "nystrom"]
+            raise UserInputError(
+                f"methods={seen[label]} and methods={method} compute the same rows with "
+                f"attention.landmarks={attention.get('landmarks')} (nystrom uses it); to sweep "
+                "attention.landmarks leave the landmark variants out, "
+                f"e.g. methods=[{','.join(others)}]"
+            )
+        seen[label] = method
 
 
 def core_config(
