@@ -353,7 +353,7 @@ def test_distillation_continues_a_checkpoint_with_nystrom_then_finetunes(run_nys
     assert math.isnan(row["best_val_mlm_accuracy"]) and math.isnan(row["final_val_mlm_loss"])
     # the converted model starts off its teacher and moves toward it
     assert 0 < row["best_val_distill_loss"] < row["start_val_distill_loss"]
-    val = pd.read_csv(run_dir / "metrics.csv").query("split == 'val'")
+    val = pd.read_csv(run_dir / "metrics.csv").query("split == 'dev'")
     assert row["best_val_distill_loss"] == val["distill_loss"].min() and list(val.step) == [4, 8]
     assert (run_dir / "pretraining_curves.png").exists() and "distill loss" in done.stdout
     data = sst2_folder(tmp_path / "SST-2")

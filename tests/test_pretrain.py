@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -16,6 +17,7 @@ from rich.console import Console
 from nyscli.checkpoints.pretrained import load_pretrained
 from nyscli.data import corpus as corpus_module
 from nyscli.data.common import DataError
+from nyscli.data.subsets import ClassBalance, baseline_flag
 from nyscli.errors import UserInputError
 from nyscli.experiments.pretrain import command as pretrain
 from nyscli.experiments.pretrain.objectives import (
@@ -216,7 +218,7 @@ def test_pretrain_end_to_end_writes_metrics_curves_and_a_loadable_checkpoint(run
     for name in ("metrics.csv", "pretraining_curves.png", "results.csv", "pretrain.log"):
         assert (run / name).exists(), name
     metrics = pd.read_csv(run / "metrics.csv")
-    val = metrics[metrics.split == "val"]
+    val = metrics[metrics.split == "dev"]
     assert list(val.step) == [2, 4]
     for column in ("mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"):
         assert val[column].between(0, 20).all(), column
@@ -226,7 +228,12 @@ def test_pretrain_end_to_end_writes_metrics_curves_and_a_loadable_checkpoint(run
     assert row.best_val_mlm_accuracy == val.mlm_accuracy.max()
     assert row.final_val_sop_accuracy == val.sop_accuracy.iloc[-1]
     assert 0 < row.most_frequent_token_accuracy < 1
-    assert "MLM baseline" in done.stdout
+    # Four steps do not beat the trivial predictors: both accuracies are flagged, as lra and
+    # finetune flag theirs.
+    assert (
+        0 < row.sop_majority_rate < 1 and row.mlm_majority_rate == row.most_frequent_token_accuracy
+    )
+    assert row.flag.startswith("MLM ") and "; SOP " in row.flag, row.flag
     # pretrained/ holds exactly the best checkpoint's encoder, loadable from the run folder
     encoder, tokenizer = load_pretrained(run)
     best = load_checkpoint(run / "checkpoints" / BEST)
@@ -235,6 +242,24 @@ def test_pretrain_end_to_end_writes_metrics_curves_and_a_loadable_checkpoint(run
     assert all(torch.equal(encoder.state_dict()[k], v) for k, v in bert.items())
     assert tokenizer.vocab_size == encoder.config.vocab_size <= 150
     assert encoder.config.attention["num_landmarks"] == 4
+
+
+def test_mlm_and_sop_are_flagged_by_the_rule_lra_and_finetune_use():
+    """The issue's run: MLM 5.12% beside its 5.09% baseline and SOP 51.95% on 2,007 pairs
+    were shown unflagged; both are within two standard errors of their baselines."""
+    targets = 10_000
+    mlm = ClassBalance(targets, 150, 0.0509, 1 / 150)
+    sop = ClassBalance.of(np.array([1] * 1003 + [0] * 1004), 2)
+    best = pd.Series({"sop_accuracy": 0.5195})
+    fields = pretrain.flags((mlm, sop), 0.0512, best)
+    assert fields["mlm_flag"] == "≈ majority" and fields["sop_flag"] == "≈ majority"
+    assert fields["flag"] == "MLM ≈ majority; SOP ≈ majority"
+    assert fields["sop_majority_rate"] == 1004 / 2007 and fields["mlm_majority_rate"] == 0.0509
+    # The same rule as a classification result's (lra, finetune): one function.
+    assert fields["sop_flag"] == sop.flag(0.5195) == baseline_flag(0.5195, 1004 / 2007, 2007)
+    # Shown above both baselines: no flag.
+    clear = pretrain.flags((mlm, sop), 0.30, pd.Series({"sop_accuracy": 0.60}))
+    assert clear["flag"] is None and clear["mlm_flag"] is None
 
 
 def test_missing_corpus_path_exits_2_in_one_line(run_nys, tmp_path):
@@ -284,7 +309,7 @@ def test_resumed_run_gives_the_same_metrics_as_an_uninterrupted_one(tmp_path):
     b = pd.read_csv(tmp_path / "second" / "metrics.csv")
     columns = ["step", "split", "loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"]
     pd.testing.assert_frame_equal(a[columns], b[columns], rtol=1e-9)
-    assert len(a[a.split == "val"]) == 3  # steps 2, 4, 6
+    assert len(a[a.split == "dev"]) == 3  # steps 2, 4, 6
     for key in ("best_val_mlm_accuracy", "final_val_sop_accuracy", "steps"):
         assert straight[key].iloc[0] == resumed[key].iloc[0]
     assert not math.isnan(straight.best_val_mlm_accuracy.iloc[0])

@@ -51,13 +51,13 @@ def pretrain_metrics(seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     rows = [{"step": s, "split": "train", "loss": 5.0 - s / 100} for s in (50, 100)]
     rows += [
-        {"step": s, "split": "val", "loss": 4.0, "mlm_accuracy": a, "sop_accuracy": b}
+        {"step": s, "split": "dev", "loss": 4.0, "mlm_accuracy": a, "sop_accuracy": b}
         for s, a, b in zip((50, 100), rng.random(2), rng.random(2), strict=True)
     ]
     return pd.DataFrame(rows)
 
 
-def test_pretrain_runs_overlay_their_validation_curves_per_attention(tmp_path, figures):
+def test_pretrain_runs_overlay_their_dev_curves_per_attention_in_percent(tmp_path, figures):
     runs = [
         fake_run(tmp_path / name, "pretrain", [f"attention={name}", "threads=1"], {"task": "mlm"},
                  pretrain_metrics(seed))
@@ -66,20 +66,24 @@ def test_pretrain_runs_overlay_their_validation_curves_per_attention(tmp_path, f
     [png] = report.pretrain_figure(runs, report.aggregate(runs), tmp_path / "r_pretrain")
     assert png == tmp_path / "r_pretrain.png" and png.read_bytes()[:4] == b"\x89PNG"
     [(mlm_label, mlm), (sop_label, sop)] = figures["r_pretrain.png"]
-    assert "MLM" in mlm_label and "SOP" in sop_label
+    assert mlm_label == "dev MLM accuracy (%)" and sop_label == "dev SOP accuracy (%)"
     assert sorted(mlm) == ["attention=nystrom", "attention=softmax"]
     for seed, name in enumerate(("softmax", "nystrom")):
-        val = pretrain_metrics(seed).query("split == 'val'")
-        assert mlm[f"attention={name}"] == (list(val.step), list(val.mlm_accuracy))
-        assert sop[f"attention={name}"] == (list(val.step), list(val.sop_accuracy))
+        dev = pretrain_metrics(seed).query("split == 'dev'")
+        assert mlm[f"attention={name}"] == (list(dev.step), list(100 * dev.mlm_accuracy))
+        assert sop[f"attention={name}"] == (list(dev.step), list(100 * dev.sop_accuracy))
 
 
 def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
+    """Runs written before the dev split had that name (``val``, and finetune's final full-dev
+    row ``dev``) still draw their dev curve, without the final row joining it."""
+
     def metrics(acc: float) -> pd.DataFrame:
         return pd.DataFrame(
             [
                 {"step": 2, "split": "train", "loss": 2.0, "accuracy": 0.1},
                 {"step": 2, "split": "val", "loss": 2.1, "accuracy": acc},
+                {"step": 2, "split": "dev", "loss": 2.1, "accuracy": 0.7},
                 {"step": 2, "split": "test", "loss": 2.1, "accuracy": 0.9},
             ]
         )
@@ -92,9 +96,10 @@ def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
     ]  # fmt: skip
     written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "s_ft")
     assert [p.name for p in written] == ["s_ft_sst2.png", "s_ft_mrpc.png"]
-    [(_, dev), (_, train)] = figures["s_ft_sst2.png"]
-    # Labelled by what differs within the task's figure.
-    assert dev == {"attention=softmax": ([2], [0.3]), "attention=nystrom": ([2], [0.4])}
+    [(dev_label, dev), (_, train)] = figures["s_ft_sst2.png"]
+    assert dev_label == "dev accuracy (%)"
+    # Labelled by what differs within the task's figure; in percent.
+    assert dev == {"attention=softmax": ([2], [100 * 0.3]), "attention=nystrom": ([2], [100 * 0.4])}
     assert all(y == [2.0] for _, y in train.values())
 
 

@@ -107,7 +107,7 @@ def test_ddp_syncs_gradients_once_per_accumulated_update(tmp_path):
     torch.testing.assert_close(ranks[0]["after"], ranks[1]["after"], rtol=0, atol=0)
     assert not torch.allclose(ranks[0]["before"], ranks[0]["after"])
     # rank 0 alone wrote the metrics: 2 train rows, 1 dev row
-    assert list(pd.read_csv(tmp_path / "metrics.csv").split) == ["train", "train", "val"]
+    assert list(pd.read_csv(tmp_path / "metrics.csv").split) == ["train", "train", "dev"]
 
 
 def test_an_error_on_the_ranks_is_one_line_with_exit_code_2(run_nys, tmp_path):

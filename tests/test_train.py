@@ -16,7 +16,9 @@ from nyscli.train import (
     ShuffledBatches,
     TrainingDiverged,
     load_checkpoint,
+    splits,
 )
+from nyscli.train.metrics import MetricsLog
 from nyscli.train.schedule import warmup_decay_factor
 from tests.helpers import make_trainer, toy_dataset
 
@@ -110,3 +112,21 @@ def test_bf16_autocast_and_accumulation_train_on_cpu(tmp_path):
     result = trainer.fit(train, dev)
     assert result.completed and train.position == 4  # 2 updates x 2 micro-batches
     assert pd.read_csv(tmp_path / "metrics.csv").loss.notna().all()
+
+
+def test_the_dev_split_is_dev_and_runs_written_as_val_read_and_resume_the_same(tmp_path):
+    """The trainer's periodic held-out rows are ``dev`` (they were ``val``); a metrics.csv
+    written before reads with today's names, its final-model rows kept apart, and a resumed
+    run copies its rows under today's names."""
+    trainer, train, dev = make_trainer(tmp_path / "new")
+    trainer.fit(train, dev)
+    written = pd.read_csv(tmp_path / "new" / "metrics.csv")
+    assert sorted(set(written.split)) == sorted({splits.TRAIN, splits.DEV}) == ["dev", "train"]
+    old = tmp_path / "old.csv"
+    pd.DataFrame({"step": [2, 4, 4, 4], "split": ["train", "val", "dev", "test"],
+                  "loss": [1.0, 0.9, 0.8, 0.7]}).to_csv(old, index=False)  # fmt: skip
+    read = splits.read_metrics(old)
+    assert list(read.split) == ["train", "dev", "dev (final)", "test"]
+    copied = MetricsLog(tmp_path / "resumed.csv", ())
+    copied.start(keep_until=4, source=old)
+    assert list(pd.read_csv(tmp_path / "resumed.csv").split) == list(read.split)

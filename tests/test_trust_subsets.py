@@ -107,7 +107,7 @@ def test_lra_with_steps_below_the_warmup_reaches_the_peak_lr(run_nys, tmp_path):
     metrics = pd.read_csv(run / "metrics.csv")
     train = metrics[metrics.split == "train"]
     assert train.lr.iloc[0] == 0.5e-4 and train.lr.max() == 1e-4  # the peak lr is reached
-    assert list(metrics[metrics.split == "val"].step) == list(range(1, 11))
+    assert list(metrics[metrics.split == "dev"].step) == list(range(1, 11))
     row = pd.read_csv(run / "results.csv").iloc[0]
     assert (row.warmup_steps, row.eval_every) == (2, 1)
     assert row.chance_rate == 0.1 and 0 < row.majority_rate < 1
@@ -161,7 +161,7 @@ def test_results_row_flags_a_majority_result_and_a_single_class_dev_set(caplog):
     with caplog.at_level("WARNING"):
         fields = baseline_fields(test, 0.75, "test", dev)
     assert fields["flag"] == "= majority, dev single class"
-    assert "test accuracy 0.7500 is flagged: = majority, dev single class" in caplog.text
+    assert "test accuracy 75.00% is flagged: = majority, dev single class" in caplog.text
 
 
 def test_schedule_values_given_on_the_command_line_are_kept(tmp_path):

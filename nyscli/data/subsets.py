@@ -65,6 +65,25 @@ def evaluation_subset(dataset: Dataset, size: int | None) -> Dataset:
     return subset
 
 
+def baseline_flag(
+    accuracy: float | None, baseline: float, examples: int, name: str = "majority"
+) -> str:
+    """The one rule for every accuracy beside the rate of a trivial predictor (``baseline``,
+    e.g. the majority class, on the same ``examples``): ``= name`` when it gets the same
+    number of examples right, ``< name`` below it, ``≈ name`` when it is less than two
+    standard errors above it (binomial, on this many examples): not shown to beat it. Empty
+    when it is, or when either number is missing."""
+    if accuracy is None or not np.isfinite(accuracy) or not np.isfinite(baseline) or not examples:
+        return ""
+    if abs(accuracy - baseline) * examples < 0.5:
+        return f"= {name}"
+    if accuracy < baseline:
+        return f"< {name}"
+    if accuracy - baseline < 2 * np.sqrt(baseline * (1 - baseline) / examples):
+        return f"≈ {name}"
+    return ""
+
+
 @dataclass(frozen=True)
 class ClassBalance:
     """How the labels of an evaluated set are spread, and what trivial predictors score.
@@ -94,19 +113,9 @@ class ClassBalance:
         standard errors above it (binomial, on this many examples): not shown to beat a
         constant predictor.
         """
-        flags = []
-        if self.classes_present <= 1:
-            flags.append("single class")
-        if accuracy is None or not np.isfinite(accuracy):
-            return ", ".join(flags)
-        majority = self.majority_rate
-        if abs(accuracy - majority) * self.examples < 0.5:
-            flags.append("= majority")
-        elif accuracy < majority:
-            flags.append("< majority")
-        elif accuracy - majority < 2 * np.sqrt(majority * (1 - majority) / self.examples):
-            flags.append("≈ majority")
-        return ", ".join(flags)
+        flags = ["single class"] if self.classes_present <= 1 else []
+        flags.append(baseline_flag(accuracy, self.majority_rate, self.examples))
+        return ", ".join(f for f in flags if f)
 
     def describe(self, name: str) -> str:
         """One log line: size, classes and the trivial rates of the set called ``name``."""

@@ -141,20 +141,26 @@ def class_balance(name: str, labels: np.ndarray | None, num_classes: int) -> Cla
 
 
 def baseline_fields(
-    balance: ClassBalance | None, accuracy: float, name: str, dev: ClassBalance | None = None
+    balance: ClassBalance | None,
+    accuracy: float,
+    name: str,
+    dev: ClassBalance | None = None,
+    prefix: str = "",
 ) -> dict[str, Any]:
-    """majority_rate, chance_rate and flag of a result on a set, for the results row; the flag
-    (also a single-class ``dev`` set, which picked the best checkpoint) is logged as a warning."""
+    """majority_rate, chance_rate and flag (each named ``<prefix><field>``) of a result on a
+    set, for the results row: every command's accuracies are flagged by this one rule
+    (:func:`~nyscli.data.subsets.baseline_flag`). The flag (also a single-class ``dev`` set,
+    which picked the best checkpoint) is logged as a warning."""
     flags = [balance.flag(accuracy)] if balance is not None else []
     if dev is not None and dev.classes_present <= 1:
         flags.append("dev single class")
     flag = ", ".join(f for f in flags if f)
     if flag:
-        log.warning("%s accuracy %.4f is flagged: %s", name, accuracy, flag)
+        log.warning("%s accuracy %.2f%% is flagged: %s", name, 100 * accuracy, flag)
     return {
-        "majority_rate": None if balance is None else balance.majority_rate,
-        "chance_rate": None if balance is None else balance.chance_rate,
-        "flag": flag or None,
+        f"{prefix}majority_rate": None if balance is None else balance.majority_rate,
+        f"{prefix}chance_rate": None if balance is None else balance.chance_rate,
+        f"{prefix}flag": flag or None,
     }
 
 

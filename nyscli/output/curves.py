@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -14,10 +15,26 @@ from nyscli.output.plots import pyplot, save_figure
 LEARNING_CURVE_FILE = "learning_curve.png"
 
 
+def is_rate(column: str) -> bool:
+    """A metric kept as a fraction in metrics.csv and results.csv (accuracy, F1): every
+    figure and table shows it as a percentage."""
+    return column.endswith("accuracy") or column == "f1"
+
+
+def shown(column: str, values: Any) -> Any:
+    """``values`` of ``column`` as a figure draws them: rates in percent."""
+    return 100 * values if is_rate(column) else values
+
+
+def axis_label(label: str, column: str) -> str:
+    """``label`` with the unit of a rate column, e.g. ``accuracy (%)``."""
+    return f"{label} (%)" if is_rate(column) and "%" not in label else label
+
+
 def learning_curve(
     metrics: pd.DataFrame, path: Path, title: str = "", metric: str = "accuracy"
 ) -> Path | None:
-    """Two panels (loss, ``metric``) with one line per split (train, val); test as a marker.
+    """Two panels (loss, ``metric``) with one line per split (train, dev); test as a marker.
 
     ``metrics`` has columns step, split, loss, <metric>. Returns None if there is nothing
     to draw.
@@ -35,9 +52,9 @@ def learning_curve(
                 if split == "test"
                 else {"marker": "o", "markersize": 3}
             )
-            ax.plot(group["step"], group[column], label=str(split), **style)
+            ax.plot(group["step"], shown(column, group[column]), label=str(split), **style)
         ax.set_xlabel("step")
-        ax.set_ylabel(column)
+        ax.set_ylabel(axis_label(column, column))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     if title:
@@ -66,10 +83,11 @@ def overlaid_curves(
             if points.empty:
                 continue
             points = points.sort_values("step")
-            ax.plot(points["step"], points[column], marker="o", markersize=3, label=name)
+            ax.plot(points["step"], shown(column, points[column]), marker="o", markersize=3,
+                    label=name)  # fmt: skip
             drawn = True
         ax.set_xlabel("step")
-        ax.set_ylabel(label)
+        ax.set_ylabel(axis_label(label, column))
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)

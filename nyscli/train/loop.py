@@ -351,7 +351,7 @@ class Trainer:
     def _evaluate_dev(self, dev: Iterable[Any]) -> str:
         summary = self.evaluate(dev)
         summary.pop("tokens_per_s", None)  # eval speed is not training throughput
-        self.metrics.append(self.step, "val", {**summary, "elapsed_s": self.train_seconds})
+        self.metrics.append(self.step, "dev", {**summary, "elapsed_s": self.train_seconds})
         value = summary.get(self.config.monitor, summary["loss"])
         # NaN logits still give an accuracy (argmax picks some class): the loss decides.
         bad = [k for k in ("loss", self.config.monitor) if not math.isfinite(summary.get(k, 0.0))]

@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from nyscli.files import write_atomic
+from nyscli.train.splits import renamed_splits
 
 METRICS_FILE = "metrics.csv"
 
@@ -90,6 +91,9 @@ class MetricsLog:
         if source is not None and source.exists():
             with open(source, newline="") as handle:
                 rows = [r for r in csv.DictReader(handle) if int(r["step"]) <= (keep_until or 0)]
+            # A run written before the dev split had that name continues under today's names.
+            renamed = renamed_splits(r["split"] for r in rows)
+            rows = [{**r, "split": renamed.get(r["split"], r["split"])} for r in rows]
 
         def write(handle: Any) -> None:
             writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")

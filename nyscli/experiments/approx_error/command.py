@@ -15,7 +15,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
-from rich.progress import track
 from rich.table import Table
 
 from nyscli.attention import available
@@ -27,8 +26,9 @@ from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
 from nyscli.experiments.approx_error.evaluate import evaluate_head, iter_heads
 from nyscli.experiments.approx_error.metrics import METRIC_LABELS
+from nyscli.experiments.approx_error.progress import ProgressLog, log_to_file
 from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
-from nyscli.experiments.approx_error.summary import per_layer, summarise
+from nyscli.experiments.approx_error.summary import per_layer, row_note, summarise
 from nyscli.train.resources import resolve_device
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
@@ -178,7 +178,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     try:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        return measure(cfg, Path(run_dir), console)
+        df = measure(cfg, Path(run_dir), console)
+        log_to_file(render(df))  # the console gets the same table from the bridge
+        return df
     finally:
         torch.set_num_threads(threads)
 
@@ -205,18 +207,20 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     example = (cfg.plot_layer, 0, cfg.plot_head)
 
     records, example_maps = [], {}
-    heads = track(
-        iter_heads(layers, with_matrix),
-        description=f"approx-error: {len(cores)} cores x {len(layers) * b * h} heads",
-        total=len(layers) * b * h,
-        console=console,
-        transient=True,
-    )
-    with torch.no_grad():
-        for head in heads:
+    n_heads = len(layers) * b * h
+    with (
+        torch.no_grad(),
+        ProgressLog(n_heads * (len(cores) + len(baselines)), n_heads, console) as bar,
+    ):
+        for i, head in enumerate(iter_heads(layers, with_matrix)):
             keep = (head.layer, head.sequence, head.head) == example
             recs, maps = evaluate_head(
-                head, cores, budget_list, baselines, keep_budget if keep else None
+                head,
+                cores,
+                budget_list,
+                baselines,
+                keep_budget if keep else None,
+                lambda label, m, i=i: bar.step(i, label, m),
             )
             records += recs
             example_maps.update(maps)
@@ -232,6 +236,7 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     df["dtype"] = cfg.dtype
     df["pinv"] = cfg.attention.pinv
     df["pinv_iterations"] = cfg.attention.pinv_iterations
+    df["pinv_tolerance"] = cfg.attention.get("pinv_tolerance")
     df["seed"] = cfg.seed
 
     if not cfg.plots:
@@ -279,20 +284,15 @@ def layer_table(layers: pd.DataFrame) -> Table:
 
 
 def summary_table(df: pd.DataFrame) -> Table:
-    """One row per method and budget, each metric as mean ± sd over heads."""
+    """One row per method and budget, each metric as mean ± sd over heads, a note saying what
+    a row is (untrained rival, trivial baseline, pinv floor) and a footnote per note shown."""
     summary = summarise(df)
     metrics = [m for m in METRIC_LABELS if f"{m}_mean" in summary]
     run_keys = [k for k in summary.columns if k in ("job", "source", "seq_len")]
-    caption = ""
-    if "source" in df and df["source"].nunique() == 1:
-        caption = f"source={df['source'].iloc[0]}"
-        if "seq_len" in df:
-            caption += f", n={df['seq_len'].iloc[0]}"
-        if "head_dim" in df:
-            caption += f", d={df['head_dim'].iloc[0]}"
+    notes = [row_note(row) for _, row in summary.iterrows()]
     table = Table(
         title="approx-error: approximation vs exact softmax attention (mean ± sd over heads)",
-        caption=caption,
+        caption="\n".join([_caption(df), *_footnotes(notes)]),
     )
     for key in run_keys:
         table.add_column(key)
@@ -301,7 +301,8 @@ def summary_table(df: pd.DataFrame) -> Table:
     table.add_column("heads", justify="right")
     for metric in metrics:
         table.add_column(METRIC_LABELS[metric], justify="right")
-    for _, row in summary.iterrows():
+    table.add_column("note", no_wrap=True)
+    for (_, row), note in zip(summary.iterrows(), notes, strict=True):
         budget = "—" if pd.isna(row["budget"]) else str(int(row["budget"]))
         cells = [_cell(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]
         table.add_row(
@@ -310,5 +311,27 @@ def summary_table(df: pd.DataFrame) -> Table:
             budget,
             str(row["heads"]),
             *cells,
+            escape(note),
         )
     return table
+
+
+def _caption(df: pd.DataFrame) -> str:
+    """``source=..., n=..., d=...`` when the rows come from one source."""
+    if "source" not in df or df["source"].nunique() != 1:
+        return ""
+    caption = f"source={df['source'].iloc[0]}"
+    if "seq_len" in df:
+        caption += f", n={df['seq_len'].iloc[0]}"
+    if "head_dim" in df:
+        caption += f", d={df['head_dim'].iloc[0]}"
+    return caption
+
+
+def _footnotes(notes: list[str]) -> list[str]:
+    """One line explaining each note that appears, in order of first appearance."""
+    return [
+        escape(approx_methods.FOOTNOTES[n])
+        for n in dict.fromkeys(notes)
+        if n in approx_methods.FOOTNOTES
+    ]

@@ -8,7 +8,7 @@ stay in, so weight an approximation puts on padding counts as error.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from nyscli.attention.masking import masked_softmax
+from nyscli.attention.pinv import exact_pinv
 from nyscli.attention.softmax import SoftmaxAttention
 from nyscli.experiments.approx_error.methods import implied_matrix, implied_row_sums
 from nyscli.experiments.approx_error.metrics import (
@@ -102,10 +103,22 @@ def core_metrics(core: nn.Module, head: Head) -> tuple[dict[str, float], Tensor 
         metrics["matrix_error"] = relative_error(s_hat, head.exact_matrix)
     # Nyström only, and only when it approximates (m >= n runs exact attention).
     if hasattr(core, "kernels") and core.num_landmarks < head.q.shape[2]:
-        _, a, _ = core.kernels(head.q, head.k, mask)
-        z = core.pseudo_inverse(a)
-        metrics["pinv_residual"] = pinv_residual(a.to(z.dtype), z).item()
+        metrics.update(pinv_metrics(core, head))
     return metrics, s_hat
+
+
+def pinv_metrics(core: nn.Module, head: Head) -> dict[str, float]:
+    """Nyström's pinv residual ||AZA - A||/||A||, and (iterative pinv) its output error with
+    an exact pinv in its place: the error the landmarks alone would leave."""
+    f, a, b = core.kernels(head.q, head.k, head.key_padding_mask)
+    z = core.pseudo_inverse(a)
+    metrics = {"pinv_residual": pinv_residual(a.to(z.dtype), z).item()}
+    if core.pinv == "iterative":
+        exact = exact_pinv(a)
+        out = f.to(exact.dtype) @ (exact @ (b.to(exact.dtype) @ head.v.to(exact.dtype)))
+        out = out[0, 0][head.real].to(head.exact_output.dtype)
+        metrics["exact_pinv_error"] = relative_error(out, head.exact_output)
+    return metrics
 
 
 def uniform_metrics(head: Head) -> tuple[dict[str, float], Tensor | None]:
@@ -157,13 +170,16 @@ def evaluate_head(
     budgets: list[int],
     baselines: list[str],
     keep_budget: int | None = None,
+    on_step: Callable[[str, int | None], None] | None = None,
 ) -> tuple[list[Record], dict[str, Tensor]]:
     """Long-format records (method, budget, metric, value + head ids) for one head.
 
     ``cores`` maps (label, budget) to a built core (budget None: no budget knob). Baselines
     ``uniform`` and ``svd`` (only where S is known). Returns also the implied matrices at
     ``keep_budget`` (real rows, real columns) by label, with the exact one under ``"exact"``.
+    ``on_step(label, budget)`` is called after each core and each baseline (progress).
     """
+    step = on_step or (lambda label, budget: None)
     records: list[Record] = []
     kept: dict[str, Tensor] = {}
 
@@ -183,12 +199,15 @@ def evaluate_head(
 
     for (label, budget), core in cores.items():
         add(label, budget, *core_metrics(core, head))
+        step(label, budget)
     if "uniform" in baselines:
         add("uniform", None, *uniform_metrics(head))
+        step("uniform", None)
     if "svd" in baselines and head.exact_matrix is not None:
         results, s_hat = svd_metrics(head, budgets, keep_budget)
         for budget, metrics in zip(budgets, results, strict=True):
             add("svd", budget, metrics, s_hat if budget == keep_budget else None)
+        step("svd", None)
     if keep_budget is not None and head.exact_matrix is not None:
         kept["exact"] = head.exact_matrix[:, head.real]
     return records, kept

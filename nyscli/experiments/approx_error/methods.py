@@ -31,6 +31,29 @@ BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
 METHODS = (*NYSTROM_VARIANTS, *RIVALS)
+# What a row is, where its error is not the method's best: its rivals run untrained here (a
+# trained model would learn Linformer's projections; Performer's features are a random draw),
+# a window sees only nearby keys (on a smooth source most of the mass lies outside it), and the
+# baselines bracket every method. Shown beside the rows and in the figure's legend.
+NOTES = {
+    "linformer": "untrained: random projections",
+    "performer": "random features",
+    "longformer": "window: misses far keys",
+    "linear": "elu+1 kernel, not softmax",
+    "uniform": "trivial baseline",
+    "svd": "best rank m (needs S)",
+}
+FOOTNOTES = {
+    "untrained: random projections": "Linformer's E, F projections are random (untrained); "
+    "training would fit them",
+    "random features": "Performer: m random features (one draw per seed), unbiased but noisy",
+    "window: misses far keys": "Longformer: each query sees its m + 1 neighbours; the "
+    "attention mass beyond the window is lost",
+    "trivial baseline": "uniform: every query gets the mean of V; a method above it is worse "
+    "than no attention",
+    "pinv floor": "pinv floor: an exact pinv would more than halve the error; raise "
+    "attention.pinv_iterations or set attention.pinv_tolerance",
+}
 # ``implied_matrix`` batches its core calls so one n x 4d intermediate has about this many entries.
 BLOCK_ENTRIES = 1 << 24
 

@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from nyscli.experiments.approx_error.methods import NOTES
 from nyscli.experiments.approx_error.metrics import METRIC_LABELS
 from nyscli.experiments.approx_error.summary import summarise
 from nyscli.output.plots import loglog_panels, pyplot, save_figure
@@ -21,9 +22,11 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
     """Log-log mean error versus budget m, one line per method (and source, if several).
 
     Methods without a budget (uniform, linear) are drawn flat across the budgets present.
-    Returns None when there is nothing to plot.
+    Untrained or random rivals and the baselines say so in the legend; Nyström with an
+    iterative pinv gets a second line, its output error with an exact pinv (the pinv floor is
+    the gap). Returns None when there is nothing to plot.
     """
-    summary = summarise(df)
+    summary = with_exact_pinv_lines(summarise(df))
     columns = [m for m in PLOTTED if f"{m}_mean" in summary]
     budgets = sorted(summary["budget"].dropna().unique())
     if not columns or not budgets:
@@ -33,15 +36,38 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
         [summary.dropna(subset=["budget"]), *(flat.assign(budget=b) for b in budgets)]
     )
     sources = list(df["source"].unique()) if "source" in df else []
+    summary["line"] = [
+        f"{method} ({NOTES[method]})" if method in NOTES else method for method in summary["method"]
+    ]
     if "source" in summary:  # several sources: one line per (source, method)
-        summary["line"] = summary["source"].astype(str) + ": " + summary["method"]
-    else:
-        summary["line"] = summary["method"]
+        summary["line"] = summary["source"].astype(str) + ": " + summary["line"]
     panels = [(f"{m}_mean", f"mean {METRIC_LABELS[m]}") for m in columns]
     title = f"source: {', '.join(map(str, sources))}" if sources else ""
     if "seq_len" in df and df["seq_len"].nunique() == 1:
         title += f", n={df['seq_len'].iloc[0]}"
+    title += "\n" + FOOTNOTE
     return loglog_panels(summary, "budget", panels, "line", path, title=title)
+
+
+FOOTNOTE = (
+    "rivals run untrained (random projections / features); uniform = mean of V; "
+    "'exact pinv': Nyström with its pinv solved exactly"
+)
+
+
+def with_exact_pinv_lines(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` plus a row ``<method>, exact pinv`` per row that measured its output error
+    with an exact pinv (that error as its output error; no matrix error)."""
+    if "exact_pinv_error_mean" not in summary:
+        return summary
+    measured = summary.dropna(subset=["exact_pinv_error_mean"])
+    exact = measured.assign(
+        method=measured["method"] + ", exact pinv",
+        output_error_mean=measured["exact_pinv_error_mean"],
+    )
+    if "matrix_error_mean" in exact:
+        exact["matrix_error_mean"] = float("nan")
+    return pd.concat([summary, exact], ignore_index=True)
 
 
 def error_per_layer(layers: pd.DataFrame, path: Path, title: str = "") -> Path | None:

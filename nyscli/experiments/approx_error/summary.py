@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nyscli.experiments.approx_error.metrics import METRICS
+from nyscli.experiments.approx_error.methods import NOTES
+from nyscli.experiments.approx_error.metrics import METRICS, PINV_FLOOR
 
 # Columns that tell runs apart when several are stacked (``nys report``); kept when they vary.
 RUN_KEYS = ("job", "source", "seq_len")
@@ -57,3 +58,18 @@ def per_layer(df: pd.DataFrame, metric: str = "output_error") -> pd.DataFrame:
     wide.columns = [*keys, *(int(layer) for layer in wide.columns[len(keys) :])]
     order = summarise(rows)[keys]  # methods as first seen, budgets ascending
     return order.merge(wide, on=keys, how="left")[[*keys, *sorted(wide.columns[len(keys) :])]]
+
+
+def pinv_floor(row: pd.Series) -> bool:
+    """Whether an exact pinv would more than halve this (Nyström) row's mean output error."""
+    exact = row.get("exact_pinv_error_mean")
+    if exact is None or pd.isna(exact):
+        return False
+    return bool(row["output_error_mean"] > PINV_FLOOR * exact)
+
+
+def row_note(row: pd.Series) -> str:
+    """What a summary row is (untrained rival, trivial baseline, ...) or ``pinv floor``."""
+    if pinv_floor(row):
+        return "pinv floor"
+    return NOTES.get(str(row["method"]).split(" (")[0], "")

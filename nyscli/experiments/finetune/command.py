@@ -87,6 +87,7 @@ from nyscli.train import (
     eval_batches,
     peak_memory_mb,
 )
+from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))
-    learning_curve(pd.read_csv(run_dir / METRICS_FILE), run_dir / LEARNING_CURVE_FILE,
+    learning_curve(read_metrics(run_dir / METRICS_FILE), run_dir / LEARNING_CURVE_FILE,
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
     first = final.get(devs[0], {})
     score = (test if reported == "test" else first).get("accuracy", math.nan)

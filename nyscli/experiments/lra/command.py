@@ -56,6 +56,7 @@ from nyscli.train import (
     eval_batches,
     peak_memory_mb,
 )
+from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
-    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    metrics = read_metrics(run_dir / METRICS_FILE)
     learning_curve(metrics, run_dir / LEARNING_CURVE_FILE, f"LRA {cfg.task.name}, {label}")
     row: dict[str, Any] = {
         "task": cfg.task.name,

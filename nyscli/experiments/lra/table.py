@@ -20,6 +20,8 @@ from rich.text import Text
 from nyscli.experiments.lra.tasks import TASKS
 from nyscli.files import write_csv
 from nyscli.output.plots import pyplot, save_figure
+from nyscli.train.metrics import METRICS_FILE
+from nyscli.train.splits import DEV, TRAIN, read_metrics
 
 TABLE3_FILE = "table3.csv"
 CURVES_FILE = "curves_{task}.png"
@@ -169,13 +171,13 @@ def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
     fig, (loss_ax, acc_ax) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     drawn = 0
     for r in runs.itertuples():
-        metrics_file = Path(str(r.run_dir)) / "metrics.csv"
+        metrics_file = Path(str(r.run_dir)) / METRICS_FILE
         if not metrics_file.is_file():
             continue
-        metrics = pd.read_csv(metrics_file)
+        metrics = read_metrics(metrics_file)
         label = _row_key(pd.Series(r._asdict()))
-        train = metrics[metrics.split == "train"].dropna(subset=["loss"])
-        dev = metrics[metrics.split == "val"].dropna(subset=["accuracy"])
+        train = metrics[metrics.split == TRAIN].dropna(subset=["loss"])
+        dev = metrics[metrics.split == DEV].dropna(subset=["accuracy"])
         (line,) = loss_ax.plot(train.step, train.loss, label=label, linewidth=1,
                                marker="o" if len(train) < 5 else None, markersize=3)  # fmt: skip
         acc_ax.plot(dev.step, 100 * dev.accuracy, marker="o", markersize=3, label=label,
@@ -189,7 +191,7 @@ def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
         acc_ax.axhline(100 * baseline.mean(), color="grey", linestyle="--", label="trivial rule")
     dataset = str(runs["dataset"].iloc[0]) if "dataset" in runs else ""
     loss_ax.set(xlabel="step", ylabel="train loss")
-    acc_ax.set(xlabel="step", ylabel="dev accuracy (%)")
+    acc_ax.set(xlabel="step", ylabel=f"{DEV} accuracy (%)")
     for ax in (loss_ax, acc_ax):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -3,11 +3,11 @@
 One run = one (model, attention) on one corpus. Documents are split train/validation, a
 WordPiece tokenizer is trained on the training documents (or a vocab.txt is used), and the
 shared trainer optimises MLM + SOP loss (``pretrain_objectives``). The run folder gets
-``metrics.csv`` (validation MLM/SOP loss and accuracy every ``trainer.eval_every`` steps),
-``pretraining_curves.png``, and ``pretrained/`` (encoder weights of the best validation MLM
+``metrics.csv`` (dev MLM/SOP loss and accuracy every ``trainer.eval_every`` steps),
+``pretraining_curves.png``, and ``pretrained/`` (encoder weights of the best dev MLM
 accuracy, config, tokenizer) for ``nys finetune init=<run folder>``. ``objective=distill``
 continues an imported checkpoint with another attention by hidden-state distillation from
-the same checkpoint with its softmax attention instead (best = lowest validation loss).
+the same checkpoint with its softmax attention instead (best = lowest dev loss).
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from nyscli.checkpoints.pretrained import PRETRAINED_DIR, save_pretrained
 from nyscli.data.common import DataError
 from nyscli.data.corpus import SOURCES
 from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
-from nyscli.data.subsets import SUBSET_SEED
+from nyscli.data.subsets import SUBSET_SEED, ClassBalance
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.pretrain.objectives import (
     DISTILL_METRICS,
+    IGNORE,
     METRICS,
     Batch,
     HiddenStateDistillation,
@@ -52,6 +53,7 @@ from nyscli.experiments.pretrain.objectives import (
     pretraining_objective,
 )
 from nyscli.experiments.training import (
+    baseline_fields,
     bert_config,
     check_attention,
     check_device,
@@ -62,8 +64,9 @@ from nyscli.experiments.training import (
     start_run,
 )
 from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, with_attention
+from nyscli.output.curves import axis_label, shown
 from nyscli.output.plots import pyplot, save_figure
-from nyscli.output.tables import pct, rows_table
+from nyscli.output.tables import flag_text, pct, rows_table
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,
@@ -76,6 +79,7 @@ from nyscli.train import (
     peak_memory_mb,
 )
 from nyscli.train.loop import Objective
+from nyscli.train.splits import DEV, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +162,7 @@ def _load_data(cfg: DictConfig, imported: ImportedBert | None) -> PretrainingDat
     except DataError as error:
         raise UserInputError(str(error)) from error
     log.info(
-        "corpus: %d train / %d validation documents -> %d / %d pairs (%.0f tokens on average); "
+        "corpus: %d train / %d dev documents -> %d / %d pairs (%.0f tokens on average); "
         "vocabulary %d",
         len(data.train_docs),
         len(data.val_docs),
@@ -228,20 +232,22 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     )
     if setup.baseline is None:  # distillation: the converted model before any training
         setup.baseline = trainer.evaluate(dev)["distill_loss"]
-        log.info("validation distill loss before training: %.5f", setup.baseline)
+        log.info("dev distill loss before training: %.5f", setup.baseline)
     fit = trainer.fit(train, dev, plan.checkpoint)
     if not distributed.is_main():
         return pd.DataFrame()
     pretrained = keep_best_encoder(run_dir, setup, tokenizer, device, fit.best_step)
     name = model_name() if imported is None else str(cfg.init)
     label = attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
-    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    metrics = read_metrics(run_dir / METRICS_FILE)
     pretraining_curves(metrics, run_dir / CURVE_FILE, f"{name}, {label}", setup)
-    val = metrics[metrics.split == "val"]
-    final = val.iloc[-1] if len(val) else None
+    dev_rows = metrics[metrics.split == DEV]
+    final = dev_rows.iloc[-1] if len(dev_rows) else None
+    at_best = dev_rows[dev_rows.step == fit.best_step]
+    best = at_best.iloc[-1] if len(at_best) else None
 
-    def last(column: str) -> float:
-        return math.nan if final is None or column not in final else float(final[column])
+    def last(column: str, row: Any = final) -> float:
+        return math.nan if row is None or column not in row else float(row[column])
 
     distill = setup.name == "distill"
     row: dict[str, Any] = {
@@ -255,6 +261,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "final_val_mlm_accuracy": last("mlm_accuracy"),
         "final_val_sop_accuracy": last("sop_accuracy"),
         "final_val_mlm_loss": last("mlm_loss"),
+        "best_val_sop_accuracy": last("sop_accuracy", best),  # of the pretrained/ encoder
         "most_frequent_token_accuracy": math.nan if distill else setup.baseline,
         "best_val_distill_loss": fit.best_value if distill else math.nan,
         "final_val_distill_loss": last("distill_loss"),
@@ -271,9 +278,37 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "max_len": setup.encoder.config.max_len,
         "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
+        **({} if distill else flags(row_balances(dev, setup), fit.best_value, best)),
         **run_context(cfg, settings, device, plan),
     }
     return pd.DataFrame([row])
+
+
+def row_balances(dev: list[Batch], setup: Setup) -> tuple[ClassBalance, ClassBalance]:
+    """What trivial predictors score on the dev batches: MLM, the most frequent training token
+    (its share of the masked targets); SOP, the more frequent order label."""
+    targets = torch.cat([b["labels"][b["labels"] != IGNORE] for b in dev])
+    assert setup.baseline is not None
+    vocab = setup.encoder.config.vocab_size
+    mlm = ClassBalance(len(targets), len(torch.unique(targets)), setup.baseline, 1.0 / vocab)
+    sop = ClassBalance.of(torch.cat([b["sop"] for b in dev]).numpy(), 2)
+    return mlm, sop
+
+
+def flags(
+    balances: tuple[ClassBalance, ClassBalance], mlm_accuracy: Any, best: Any
+) -> dict[str, Any]:
+    """The best checkpoint's MLM and SOP accuracy beside their baselines, flagged by the same
+    rule as every lra and finetune accuracy (``mlm_flag``, ``sop_flag``, and ``flag``: both)."""
+    sop_accuracy = math.nan if best is None else float(best["sop_accuracy"])
+    mlm_accuracy = math.nan if mlm_accuracy is None else float(mlm_accuracy)
+    fields = {
+        **baseline_fields(balances[0], mlm_accuracy, "dev MLM", prefix="mlm_"),
+        **baseline_fields(balances[1], sop_accuracy, "dev SOP", prefix="sop_"),
+    }
+    both = [f"{what} {fields[f'{key}_flag']}" for what, key in (("MLM", "mlm"), ("SOP", "sop"))
+            if fields[f"{key}_flag"]]  # fmt: skip
+    return {**fields, "flag": "; ".join(both) or None}
 
 
 def keep_best_encoder(
@@ -320,9 +355,9 @@ def _mlm_sop(
     common = _most_frequent_token(data)
     baseline = most_frequent_token_accuracy(dev, common)
     log.info(
-        "most frequent training token %r: %.4f of the validation MLM targets",
+        "most frequent training token %r: %.2f%% of the dev MLM targets",
         data.tokenizer.decode([common]) or common,
-        baseline,
+        100 * baseline,
     )
     return Setup("mlm_sop", model, model.bert, pretraining_objective, METRICS, settings, baseline)
 
@@ -342,9 +377,10 @@ def _distillation(
 
 
 def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, setup: Setup) -> Path:
-    """Validation curves against step beside their baselines: MLM accuracy (the most frequent
-    token) and SOP accuracy (chance), or the distillation loss (its value before training)."""
-    val = metrics[metrics.split == "val"].sort_values("step")
+    """Dev curves against step beside their baselines: MLM accuracy (the most frequent token)
+    and SOP accuracy (chance), in percent, or the distillation loss (its value before
+    training)."""
+    dev = metrics[metrics.split == DEV].sort_values("step")
     if setup.name == "distill":
         panels = [("distill_loss", setup.baseline, "before training")]
     else:
@@ -354,10 +390,11 @@ def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, setup: Set
         ]
     fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (column, reference, reference_label) in zip(axes[0], panels, strict=True):
-        ax.plot(val["step"], val[column], marker="o", markersize=3, label="validation")
-        ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label=reference_label)
+        ax.plot(dev["step"], shown(column, dev[column]), marker="o", markersize=3, label=DEV)
+        ax.axhline(shown(column, reference), color="grey", linestyle="--", linewidth=1,
+                   label=reference_label)  # fmt: skip
         ax.set_xlabel("step")
-        ax.set_ylabel(column.replace("_", " "))
+        ax.set_ylabel(axis_label(f"{DEV} {column.replace('_', ' ')}", column))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
@@ -368,7 +405,7 @@ def pretraining_curves(metrics: pd.DataFrame, path: Path, title: str, setup: Set
 
 
 def _distill_cell(row: Any) -> str:
-    """Best validation distillation loss and, in brackets, the converted model's before training."""
+    """Best dev distillation loss and, in brackets, the converted model's before training."""
     best = getattr(row, "best_val_distill_loss", math.nan)
     if pd.isna(best):
         return ""
@@ -380,14 +417,21 @@ def render(df: pd.DataFrame) -> RenderableType:
         ("model", lambda r: str(r.model)),
         ("attention", lambda r: str(r.attention)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
-        ("MLM best", lambda r: pct(r.best_val_mlm_accuracy)),
-        ("MLM final", lambda r: pct(r.final_val_mlm_accuracy)),
-        ("SOP final", lambda r: pct(r.final_val_sop_accuracy)),
-        ("MLM baseline", lambda r: pct(r.most_frequent_token_accuracy)),
+        ("best step", lambda r: "" if pd.isna(r.best_step) else f"{r.best_step:.0f}"),
+        ("MLM %", lambda r: pct(r.best_val_mlm_accuracy)),
+        ("MLM majority %", lambda r: pct(r.most_frequent_token_accuracy)),
+        ("SOP %", lambda r: pct(getattr(r, "best_val_sop_accuracy", None))),
+        ("SOP majority %", lambda r: pct(getattr(r, "sop_majority_rate", None))),
+        ("flag", lambda r: flag_text(getattr(r, "flag", None))),
+        ("MLM final %", lambda r: pct(r.final_val_mlm_accuracy)),
+        ("SOP final %", lambda r: pct(r.final_val_sop_accuracy)),
         ("distill loss (start)", _distill_cell),
         ("min", lambda r: f"{r.wall_s / 60:.1f}"),
         ("tok/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
-    title = "Pre-training runs (validation accuracy %; distillation: validation loss)"
+    title = (
+        f"Pre-training runs ({DEV} accuracy % of the best {DEV} MLM checkpoint, pretrained/, "
+        f"beside its majority baseline; distillation: {DEV} loss)"
+    )
     return rows_table(title, df, columns, {"model", "attention"})

@@ -18,6 +18,7 @@ from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import RunFolder, aggregate, find_run_folders, load_run
 from nyscli.train.metrics import METRICS_FILE
+from nyscli.train.splits import DEV, TRAIN, read_metrics
 
 # A figure: (the command's runs that have results, their stacked results, the path prefix
 # "<folder>/<csv stem>_<command>") -> the PNGs written.
@@ -114,7 +115,7 @@ def _curves(runs: list[RunFolder]) -> dict[str, pd.DataFrame]:
     """label -> metrics.csv of each run that has one."""
     labels = run_labels(runs)
     return {
-        labels[run.path]: pd.read_csv(run.path / METRICS_FILE)
+        labels[run.path]: read_metrics(run.path / METRICS_FILE)
         for run in runs
         if (run.path / METRICS_FILE).exists()
     }
@@ -130,12 +131,12 @@ def _by_task(runs: list[RunFolder]) -> dict[str, list[RunFolder]]:
 
 
 def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
-    """Fig. 5: validation MLM and SOP accuracy against step, one line per run."""
+    """Fig. 5: dev MLM and SOP accuracy against step, one line per run."""
     panels = [
-        ("val", "mlm_accuracy", "MLM accuracy (validation)"),
-        ("val", "sop_accuracy", "SOP accuracy (validation)"),
+        (DEV, "mlm_accuracy", f"{DEV} MLM accuracy"),
+        (DEV, "sop_accuracy", f"{DEV} SOP accuracy"),
     ]
-    title = "pre-training: masked LM and sentence order, validation"
+    title = f"pre-training: masked LM and sentence order, {DEV}"
     path = overlaid_curves(_curves(runs), panels, _png(prefix), title)
     return [path] if path else []
 
@@ -143,7 +144,7 @@ def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> li
 def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
     """Fine-tuning (LRA draws its own with Table 3, ``lra.write_figures``): dev accuracy and
     train loss against step, one line per run, one figure per task (tasks share no axes)."""
-    panels = [("val", "accuracy", "accuracy (dev)"), ("train", "loss", "loss (train)")]
+    panels = [(DEV, "accuracy", f"{DEV} accuracy"), (TRAIN, "loss", f"{TRAIN} loss")]
     written = []
     for task, group in _by_task(runs).items():
         title = f"{runs[0].command} {task}: learning curves".replace("  ", " ")

@@ -1,0 +1,44 @@
+"""The split names of ``metrics.csv`` and the one reader that also reads older files.
+
+The trainer's periodic held-out evaluation (the one that picks ``best.pt``) is the ``dev``
+split everywhere: in metrics.csv, figures, tables and logs. Files written before it had that
+name called it ``val``; :func:`read_metrics` (and a resumed run copying rows) rename it, so a
+run folder of any age reads the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+TRAIN = "train"
+DEV = "dev"
+TEST = "test"
+# The dev split's name in metrics.csv files written before it was called dev.
+LEGACY_DEV = "val"
+
+
+def renamed_splits(splits: Iterable[str]) -> dict[str, str]:
+    """Old name -> today's for a metrics.csv holding ``splits``; empty for a current file.
+
+    In an old file, a split other than train/val/test is a command's own evaluation of the
+    final model (``nys finetune`` wrote its full dev sets as ``dev``, ``dev_matched``...):
+    it becomes ``<split> (final)``, so it does not join the renamed dev curve.
+    """
+    present = set(splits)
+    if LEGACY_DEV not in present:
+        return {}
+    renamed = {s: f"{s} (final)" for s in present if s not in (TRAIN, LEGACY_DEV, TEST)}
+    renamed[LEGACY_DEV] = DEV
+    return renamed
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics.csv with today's split names."""
+    metrics = pd.read_csv(path)
+    renamed = renamed_splits(metrics["split"].astype(str))
+    if renamed:
+        metrics["split"] = metrics["split"].astype(str).replace(renamed)
+    return metrics
