@@ -34,6 +34,7 @@ from hydra._internal.utils import (
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException, MissingConfigException
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
@@ -41,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from rich.markup import escape
 
-from nyscli import ranks
+from nyscli import ranks, tracking
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.experiments import experiment_module
@@ -51,6 +52,7 @@ from nyscli.files import write_csv, write_json, write_text
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
 
@@ -132,7 +134,15 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     """The override list of every job the launch would run (one list unless multirun)."""
     if not multirun:
         return [overrides]
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    # An Optuna search's interval(a, b) has no job list: its bounds are checked instead.
+    parsed = [
+        parser.parse_override(f"{o.get_key_element()}=choice({o.value().start},{o.value().end})")
+        if o.value_type == ValueType.INTERVAL_SWEEP
+        else o
+        for o in parsed
+    ]
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
@@ -208,6 +218,7 @@ def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: lis
         del cfg["hydra"]
     _same_command(cfg, command, overrides)
     module.validate(cfg)
+    tracking.check(cfg.get("logger"))
 
 
 def _sweeps(overrides: list[str]) -> bool:
@@ -271,7 +282,8 @@ class Task:
     def __init__(self, command: str) -> None:
         self.command = command
 
-    def __call__(self, cfg: DictConfig) -> None:
+    def __call__(self, cfg: DictConfig) -> float | None:
+        """Run one job; returns the value a search optimises (``optimized_metric``) or None."""
         command = self.command
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -312,10 +324,12 @@ class Task:
             log.error("job failed: %s (traceback in %s)", one_line(error), run_dir / ERROR_FILE)
             return
         if df is None:
-            return
+            return None
         write_csv(df, run_dir / RESULTS_FILE)
         console.print(module.render(df))
         log.info("results: %s", run_dir / RESULTS_FILE)
+        tracking.finish(cfg, run_dir, df)  # final metrics and files to TensorBoard / MLflow
+        return tracking.objective(cfg, df)
 
 
 def _run_folder(base: Path, shared: bool) -> Path:
@@ -385,6 +399,8 @@ def claim_run_folder(
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
     if _overrides_key(overrides, key):
         target = Path(str(plan.hydra.sweep.dir if plan.multirun else plan.hydra.run.dir))
+        if plan.multirun and search.resumable(target):  # an interrupted search goes on there
+            return None, [], target
         world = distributed.world_from_env()
         if world is not None and world.size >= 2:  # the ranks of one world share the folder
             return None, [], None
@@ -431,7 +447,8 @@ def launch(command: str, arguments: list[str]) -> int:
                 return 0
             fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
         except (*USER_ERRORS, OSError) as error:
-            message = missing_launcher(error, args.overrides) or fault_line(error)
+            message = missing_launcher(error, args.overrides) or search.missing_sweeper(error)
+            message = message or fault_line(error)
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
     try:

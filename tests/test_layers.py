@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("nyscli.attention",),
     ("nyscli.models",),
-    ("nyscli.output", "nyscli.tokenizers"),
+    ("nyscli.output", "nyscli.tokenizers", "nyscli.tracking"),
     ("nyscli.data",),
     ("nyscli.train",),
     ("nyscli.checkpoints",),

@@ -12,6 +12,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from nyscli import tracking
 from nyscli.attention import check_width
 from nyscli.data.subsets import ClassBalance
 from nyscli.errors import UserInputError
@@ -26,6 +27,7 @@ from nyscli.train import (
     resolve_device,
     seed_everything,
 )
+from nyscli.train.resources import peak_memory_mb
 from nyscli.train.resume import ResumePlan, plan_resume
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,13 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
     for change in plan.changes:
         log.warning("resume_changes=allow: %s", change)
     seed_everything(int(cfg.seed))
+    # The loggers (logger=tensorboard/mlflow) of rank 0; a resume continues the earlier run's.
+    previous = plan.checkpoint.parent.parent if plan.checkpoint else None
+
+    def peak() -> dict[str, float]:
+        return {"peak_mb": peak_memory_mb(device)}
+
+    tracking.activate(cfg, run_dir, previous, distributed.is_main(), peak)
     return device, plan
 
 

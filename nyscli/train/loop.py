@@ -413,6 +413,8 @@ class Trainer:
                 self.checkpoints / LAST,
             )
             self.last_good = (path, self.step)
+            # With the checkpoint, so a resume never finds steps logged that it redoes.
+            self.metrics.checkpointed(self.step)
 
     def _restore(self, state: dict[str, Any], train: ShuffledBatches) -> None:
         try:

@@ -11,7 +11,9 @@ from typing import Any
 
 from torch import Tensor
 
+from nyscli import tracking
 from nyscli.files import write_atomic
+from nyscli.tracking import Row
 from nyscli.train.splits import renamed_splits
 
 METRICS_FILE = "metrics.csv"
@@ -75,13 +77,16 @@ class MetricsLog:
 
     Columns: step, split, loss, <metric names>, lr, tokens_per_s, elapsed_s. A crash leaves
     every row written so far intact (each row is one write of a whole line + fsync).
-    ``write=False`` (ranks other than 0 of a distributed run) writes nothing.
+    ``write=False`` (ranks other than 0 of a distributed run) writes nothing. Each row also goes
+    to the run's loggers (:func:`nyscli.tracking.active`: TensorBoard, MLflow), and so do the
+    rows a resumed run carries over and the step of each checkpoint.
     """
 
     def __init__(self, path: Path, metric_names: tuple[str, ...], write: bool = True) -> None:
         self.path = Path(path)
         self.write = write
         self.columns = ["step", "split", "loss", *metric_names, "lr", "tokens_per_s", "elapsed_s"]
+        self.sink = tracking.active() if write else None
 
     def start(self, keep_until: int | None = None, source: Path | None = None) -> None:
         """Create the file with its header; on resume copy ``source``'s rows up to a step."""
@@ -101,6 +106,8 @@ class MetricsLog:
             writer.writerows(rows)
 
         write_atomic(self.path, write)
+        if self.sink is not None and rows:
+            self.sink.resume([Row.of(r["step"], r["split"], r) for r in rows])
 
     def append(self, step: int, split: str, values: dict[str, float]) -> None:
         if not self.write:
@@ -111,6 +118,13 @@ class MetricsLog:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+        if self.sink is not None:  # the loggers get metrics.csv's columns, nothing else
+            self.sink.row(step, split, {c: row[c] for c in self.columns[2:] if c in row})
+
+    def checkpointed(self, step: int) -> None:
+        """``last.pt`` now holds ``step``: the loggers may send what they held back."""
+        if self.sink is not None:
+            self.sink.checkpoint(step)
 
 
 def _cell(value: Any) -> str:

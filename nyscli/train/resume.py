@@ -39,6 +39,8 @@ RUN_CONTROL = (
     "trainer.stop_at_step",
     "trainer.log_every",
     "trainer.eval_batch_size",
+    "logger",  # where the rows are also logged (TensorBoard, MLflow), not what is trained
+    "optimized_metric",
 )
 
 

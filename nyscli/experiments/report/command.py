@@ -17,6 +17,7 @@ from nyscli.files import write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import RunFolder, aggregate, find_run_folders, load_run
+from nyscli.tracking.search import TRIALS_FILE, trials_table
 from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.splits import DEV, TRAIN, read_metrics
 
@@ -64,6 +65,8 @@ def show_report(
     console.print(f"{ok} of {len(runs)} runs have results")
     for run in failed:
         console.print(f"[red]failed[/] {escape(f'{run.path}: {run.error}')}", highlight=False)
+    for sweep in (p for p in paths if (p / TRIALS_FILE).is_file()):  # an Optuna search
+        console.print(trials_table(sweep))
     combined = pd.concat(frames, ignore_index=True)
     if out is not None:
         write_csv(combined, out)

@@ -1,0 +1,211 @@
+"""The ``logger`` group (TensorBoard, MLflow) read back with the libraries' own readers, a
+resume that continues both, the missing extra and an unwritable store, and a resumable Optuna
+search (``hparams_search=``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nyscli import bridge
+from nyscli.tracking import config as tracking_config
+from nyscli.tracking.search import missing_sweeper
+from tests.conftest import REPO
+from tests.helpers import LRA_TINY, run_folders
+
+pytest.importorskip("mlflow")
+pytest.importorskip("tensorboard")
+pytest.importorskip("optuna")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+# LRA_TINY without its step budget: each test sets its own.
+TINY = LRA_TINY[: LRA_TINY.index("--steps")] + ["--batch-size", "8"]
+VALUE_COLUMNS = ("loss", "accuracy", "lr", "tokens_per_s", "elapsed_s")
+
+
+def expected_series(metrics: pd.DataFrame) -> dict[str, list[tuple[int, float]]]:
+    """``<split>/<column>`` -> [(step, value)] of every finite cell of ``metrics.csv``."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in metrics.itertuples(index=False):
+        for column in VALUE_COLUMNS:
+            value = getattr(row, column)
+            if isinstance(value, float) and math.isfinite(value):
+                out.setdefault(f"{row.split}/{column}", []).append((int(row.step), value))
+    return out
+
+
+def tensorboard_series(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def wait_for_step(metrics: Path, step: int, process: subprocess.Popen, timeout: float = 120):
+    """Block until ``metrics.csv`` has a train row past ``step`` (the run is still going)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        if metrics.exists():
+            rows = pd.read_csv(metrics)
+            if (rows.split == "train").any() and rows.step.max() > step:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{metrics} never passed step {step}")
+
+
+def test_tensorboard_and_mlflow_hold_every_metrics_row_across_an_interrupt_and_resume(tmp_path):
+    """Ctrl-C after step 30 (last checkpoint: step 25), resume to step 60: the resumed run's
+    event file and the one MLflow run hold each step of its metrics.csv exactly once."""
+    common = [*TINY, "--steps", "3000", "trainer.eval_every=25", "logger=many"]
+    common.append(f"data_cache={tmp_path / 'cache'}")
+    command = [sys.executable, "-m", "nyscli.cli", "lra", *common]
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (runs := run_folders(tmp_path / "outputs" / "lra")):
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    [run] = runs
+    wait_for_step(run / "metrics.csv", 30, first)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 130, out.decode() + err.decode()
+    interrupted = pd.read_csv(run / "metrics.csv")
+    assert interrupted.step.max() > 25  # rows past the checkpoint that the resume redoes
+
+    resumed = subprocess.run(
+        [*command, "--resume", "true", "trainer.stop_at_step=60"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    second = next(r for r in run_folders(tmp_path / "outputs" / "lra") if r != run)
+    metrics = pd.read_csv(second / "metrics.csv")
+    assert list(metrics[metrics.split == "train"].step) == list(range(1, 61))
+    expected = expected_series(metrics)
+
+    board = tensorboard_series(second / "tensorboard")
+    for tag, points in expected.items():
+        assert [s for s, _ in board[tag]] == [s for s, _ in points], tag  # each step once
+        for (_, got), (_, want) in zip(board[tag], points, strict=True):
+            assert got == pytest.approx(want, rel=1e-6, abs=1e-12), tag  # float32 events
+    # Peak memory is the loggers' own (not in metrics.csv): the steps this process trained.
+    assert [s for s, _ in board["train/peak_mb"]] == list(range(26, 61))
+    hparams = EventAccumulator(str(second / "tensorboard"))
+    hparams.Reload()
+    assert hparams.PluginTagToContent("hparams")  # the config with the final metrics
+
+    record = json.loads((second / "tracking.json").read_text())["mlflow"]
+    assert record == json.loads((run / "tracking.json").read_text())["mlflow"]  # one run
+    client = MlflowClient(record["tracking_uri"])
+    assert record["tracking_uri"] == f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    for key, points in expected.items():
+        history = sorted(
+            (m.step, m.value) for m in client.get_metric_history(record["run_id"], key)
+        )
+        assert history == points, key  # exact doubles, each step once
+    logged = client.get_run(record["run_id"])
+    results = pd.read_csv(second / "results.csv").iloc[0]
+    assert logged.data.params["trainer.eval_every"] == "25"
+    assert logged.data.metrics["best_dev_accuracy"] == results.best_dev_accuracy
+    assert logged.info.status == "FINISHED"
+    files = {a.path for a in client.list_artifacts(record["run_id"])}
+    assert {"metrics.csv", "results.csv", "learning_curve.png", "hydra"} <= files
+
+
+def test_a_missing_extra_is_one_line_before_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    real = tracking_config.importlib.util.find_spec
+    monkeypatch.setattr(
+        tracking_config.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "mlflow" else real(name, *a),
+    )
+    assert bridge.launch("lra", ["logger=many"]) == 2
+    out = capsys.readouterr().out
+    assert "logger=mlflow needs the optional extra tracking" in out
+    assert "pip install 'nyscli[tracking]'" in out and "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
+    line = missing_sweeper(bridge.MissingConfigException("x", "hydra/sweeper/optuna"))
+    assert "hparams_search= (hydra-optuna-sweeper) needs the optional extra tracking" in line
+
+
+def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the store's folder should be")
+    done = run_nys(
+        "lra",
+        *TINY,
+        "--steps",
+        "2",
+        f"data_cache={tmp_path / 'cache'}",
+        "logger=mlflow",
+        f"logger.mlflow.tracking_uri=sqlite:///{blocker}/mlflow.db",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout + done.stderr
+    assert text.count("logger=mlflow failed") == 1 and "Traceback" not in text
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    assert pd.read_csv(run / "results.csv").iloc[0].status == "ok"
+    assert len(pd.read_csv(run / "metrics.csv")) > 0
+
+
+def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_path):
+    """3 trials, then a trial left RUNNING as Ctrl-C leaves it, then the same command in the
+    same folder: 6 trials, the interrupted one run again with its own parameters. (The
+    warm-up is fixed by TINY's trainer.warmup_steps=1: a fixed key leaves the search space.)"""
+    import optuna
+
+    sweep = tmp_path / "search"
+    search = [
+        "lra",
+        "hparams_search=lra_lr",
+        *TINY,
+        "--steps",
+        "3",
+        f"data_cache={tmp_path / 'cache'}",
+        "hydra.sweeper.n_trials=6",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    first = run_nys(*search[:-2], "hydra.sweeper.n_trials=3", search[-1])
+    assert first.returncode == 0, first.stdout + first.stderr
+    storage = f"sqlite:///{sweep / 'optuna.db'}"
+    study = optuna.load_study(study_name="lra_lr", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    cut = study.ask()  # what an interrupted sweeper leaves: a RUNNING trial with parameters
+    lr = cut.suggest_float("trainer.lr", 1e-5, 3e-3, log=True)
+    cut.suggest_float("model.dropout", 0.0, 0.3)
+
+    again = run_nys(*search)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 of 6 trials done, 1 interrupted to run again" in again.stdout + again.stderr
+    study = optuna.load_study(study_name="lra_lr", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+    assert study.trials[3].params["trainer.lr"] == lr
+    trials = pd.read_csv(sweep / "trials.csv")
+    assert list(trials.trial) == list(range(6)) and trials.best.sum() == 1
+    best = trials[trials.best].iloc[0]
+    assert best.value == max(trials.value) == study.best_value
+    job = pd.read_csv(sweep / str(best.job_folder) / "results.csv").iloc[0]
+    assert job.best_dev_accuracy == best.value  # each job returned its metric to Hydra
+    assert sorted(trials.job_folder) == list(range(6))  # folders 0..5, none reused
+    report = run_nys("report", str(sweep))
+    assert report.returncode == 0 and "search: 6 trials" in report.stdout, report.stdout
+
+
+def test_hydra_plugin_shim_is_packaged():
+    assert (REPO / "hydra_plugins" / "nys_optuna_sweeper" / "nys_optuna_sweeper.py").is_file()
+    assert not (REPO / "hydra_plugins" / "__init__.py").exists()  # a namespace package
