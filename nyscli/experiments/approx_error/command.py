@@ -295,13 +295,13 @@ def summary_table(df: pd.DataFrame) -> Table:
         caption="\n".join([_caption(df), *_footnotes(notes)]),
     )
     for key in run_keys:
-        table.add_column(key)
+        table.add_column(key, no_wrap=key == "job")  # the swept key=value, never cut
     table.add_column("method", no_wrap=True)
     table.add_column("m", justify="right")
     table.add_column("heads", justify="right")
     for metric in metrics:
         table.add_column(METRIC_LABELS[metric], justify="right")
-    table.add_column("note", no_wrap=True)
+    table.add_column("note")
     for (_, row), note in zip(summary.iterrows(), notes, strict=True):
         budget = "—" if pd.isna(row["budget"]) else str(int(row["budget"]))
         cells = [_cell(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]

@@ -26,7 +26,7 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
     iterative pinv gets a second line, its output error with an exact pinv (the pinv floor is
     the gap). Returns None when there is nothing to plot.
     """
-    summary = with_exact_pinv_lines(summarise(df))
+    summary = summarise(df)
     columns = [m for m in PLOTTED if f"{m}_mean" in summary]
     budgets = sorted(summary["budget"].dropna().unique())
     if not columns or not budgets:
@@ -35,6 +35,9 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
     summary = pd.concat(
         [summary.dropna(subset=["budget"]), *(flat.assign(budget=b) for b in budgets)]
     )
+    # Last, so the lines of both panels come in the same order and keep their colours (the
+    # exact-pinv lines have no matrix error).
+    summary = with_exact_pinv_lines(summary)
     sources = list(df["source"].unique()) if "source" in df else []
     summary["line"] = [
         f"{method} ({NOTES[method]})" if method in NOTES else method for method in summary["method"]
