@@ -177,6 +177,7 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
         "--steps",
         "3",
         f"data_cache={tmp_path / 'cache'}",
+        "logger=mlflow",
         "hydra.sweeper.n_trials=6",
         f"hydra.sweep.dir={sweep}",
     ]
@@ -202,6 +203,14 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
     job = pd.read_csv(sweep / str(best.job_folder) / "results.csv").iloc[0]
     assert job.best_dev_accuracy == best.value  # each job returned its metric to Hydra
     assert sorted(trials.job_folder) == list(range(6))  # folders 0..5, none reused
+    # MLflow: one child run per job folder, all under the sweep's parent run.
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    parent = json.loads((sweep / "mlflow_parent.json").read_text())["run_id"]
+    children = client.search_runs(
+        [client.get_experiment_by_name("lra").experiment_id],
+        f"tags.mlflow.parentRunId = '{parent}'",
+    )
+    assert sorted(r.info.run_name for r in children) == [str(i) for i in range(6)]
     report = run_nys("report", str(sweep))
     assert report.returncode == 0 and "search: 6 trials" in report.stdout, report.stdout
 
@@ -209,3 +218,21 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
 def test_hydra_plugin_shim_is_packaged():
     assert (REPO / "hydra_plugins" / "nys_optuna_sweeper" / "nys_optuna_sweeper.py").is_file()
     assert not (REPO / "hydra_plugins" / "__init__.py").exists()  # a namespace package
+
+
+def test_only_rank_zero_logs(run_nys, tmp_path):
+    """Two ranks (gloo): one MLflow run and one event file, each step logged once."""
+    done = run_nys(
+        "lra", *TINY, "--steps", "4", "--nproc-per-node", "2", "logger=many",
+        f"data_cache={tmp_path / 'cache'}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    assert len(list((run / "tensorboard").glob("events.*"))) == 2  # training + final hparams
+    record = json.loads((run / "tracking.json").read_text())["mlflow"]
+    client = MlflowClient(record["tracking_uri"])
+    [experiment] = [e for e in client.search_experiments() if e.name == "lra"]
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+    history = client.get_metric_history(record["run_id"], "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    assert [s for s, _ in tensorboard_series(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
