@@ -16,6 +16,7 @@ from rich.console import Console
 
 from nyscli.checkpoints.pretrained import load_pretrained, save_pretrained
 from nyscli.errors import UserInputError
+from nyscli.experiments.finetune import command as finetune
 from nyscli.experiments.finetune.command import render, schedule, validate
 from nyscli.experiments.finetune.model import scratch_tokenizer, starting_point
 from nyscli.experiments.finetune.tasks import ClassificationObjective, load_examples, seeded_subset
@@ -23,6 +24,8 @@ from nyscli.models.bert import BertConfig, BertEncoder
 from nyscli.models.bert_classifier import BertClassifier, extend_positions, tiled_rows
 from nyscli.paths import CONF_DIR
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
+from nyscli.train.checkpoint import load_best
+from tests.helpers import make_trainer
 
 WORDS = [
     "good",
@@ -218,7 +221,7 @@ def test_mrpc_grid_from_a_checkpoint_is_one_multirun_with_table_2(run_nys, tmp_p
     assert "Table 2 layout" in done.stdout
     job = next(p for p in summary.parent.iterdir() if (p / "results.csv").exists())
     metrics = pd.read_csv(job / "metrics.csv")
-    final = metrics[metrics.split == "dev"].iloc[-1]
+    final = metrics[metrics.split == "dev (best)"].iloc[-1]  # the reported model's
     row = pd.read_csv(job / "results.csv").iloc[0]
     assert final.accuracy == pytest.approx(row.dev_accuracy) and final.f1 == pytest.approx(
         row.dev_f1
@@ -364,3 +367,22 @@ def test_finetune_from_a_checkpoint_on_two_ranks(run_nys, tmp_path, fixtures):
     row = results(tmp_path / "outputs").iloc[0]
     assert row.world_size == 2 and row.batch_size == 8 and row.steps == 2
     assert 0 <= row.dev_accuracy <= 1
+
+
+def test_final_dev_scores_are_the_best_dev_checkpoints_not_the_last_models(tmp_path):
+    """The reported model is the best-dev checkpoint (as for test): its dev scores, logged as
+    ``dev (best)``, not the last model's (a run headlined 52.29% while its best was 65.37%)."""
+    trainer, train, dev = make_trainer(tmp_path, max_steps=12, eval_every=2, lr=3e-2)
+    fit = trainer.fit(train, dev)
+    assert fit.best_step != fit.step  # the last model is not the best one
+    last = trainer.evaluate(dev)
+    final, _ = finetune.final_scores(trainer, fit, {"dev": dev}, ("dev",), lambda d: d)
+    best, _, _ = make_trainer(tmp_path / "copy")
+    load_best(best.model, tmp_path / "checkpoints")
+    expected = best.evaluate(dev)
+    assert final["dev"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert final["dev"]["accuracy"] == expected["accuracy"]
+    assert final["dev"]["loss"] != pytest.approx(last["loss"], rel=1e-6)
+    rows = pd.read_csv(tmp_path / "metrics.csv")
+    [logged] = rows[rows.split == "dev (best)"].itertuples()
+    assert logged.step == fit.step and logged.accuracy == expected["accuracy"]

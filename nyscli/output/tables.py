@@ -19,6 +19,11 @@ def pct(value: Any) -> str:
     return "" if value is None or pd.isna(value) else f"{100 * value:.2f}"
 
 
+def whole(value: Any) -> str:
+    """A count (a step) without decimals; empty for a missing value."""
+    return "" if value is None or pd.isna(value) else f"{value:.0f}"
+
+
 def rows_table(title: str, df: pd.DataFrame, columns: Sequence[Column], text: set[str]) -> Table:
     """One table row per DataFrame row; headers in ``text`` are left-aligned and never wrap."""
     table = Table(title=title, title_justify="left")

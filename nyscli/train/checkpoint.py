@@ -64,3 +64,14 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             f"checkpoint {path} is not a nys trainer checkpoint (format {FORMAT} expected)"
         )
     return state
+
+
+def load_best(model: torch.nn.Module, folder: Path, device: str | torch.device = "cpu") -> bool:
+    """Load ``folder``'s best-dev checkpoint into ``model``: the model a run reports (its
+    test, its final dev scores, ``pretrained/``). False, the model untouched, if there is none
+    (no dev evaluation ran)."""
+    best = Path(folder) / BEST
+    if not best.exists():
+        return False
+    model.load_state_dict(load_checkpoint(best, device)["model"])
+    return True

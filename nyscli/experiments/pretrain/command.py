@@ -66,18 +66,17 @@ from nyscli.experiments.training import (
 from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, with_attention
 from nyscli.output.curves import axis_label, shown
 from nyscli.output.plots import pyplot, save_figure
-from nyscli.output.tables import flag_text, pct, rows_table
+from nyscli.output.tables import flag_text, pct, rows_table, whole
 from nyscli.train import (
-    BEST,
     CHECKPOINT_DIR,
     METRICS_FILE,
     ShuffledBatches,
     Trainer,
     TrainerConfig,
     distributed,
-    load_checkpoint,
     peak_memory_mb,
 )
+from nyscli.train.checkpoint import load_best
 from nyscli.train.loop import Objective
 from nyscli.train.splits import DEV, read_metrics
 
@@ -316,10 +315,8 @@ def keep_best_encoder(
 ) -> Path | None:
     """Save the best checkpoint's encoder (and tokenizer) as ``pretrained/`` for nys finetune;
     None when no checkpoint was kept."""
-    best = run_dir / CHECKPOINT_DIR / BEST
-    if not best.exists():
+    if not load_best(setup.model, run_dir / CHECKPOINT_DIR, device):
         return None
-    setup.model.load_state_dict(load_checkpoint(best, device)["model"])
     pretrained = save_pretrained(run_dir / PRETRAINED_DIR, setup.encoder.cpu(), tokenizer)
     log.info("pre-trained encoder (step %s): %s", best_step, pretrained)
     return pretrained
@@ -417,7 +414,7 @@ def render(df: pd.DataFrame) -> RenderableType:
         ("model", lambda r: str(r.model)),
         ("attention", lambda r: str(r.attention)),
         ("steps", lambda r: f"{r.steps}/{r.max_steps}"),
-        ("best step", lambda r: "" if pd.isna(r.best_step) else f"{r.best_step:.0f}"),
+        ("best step", lambda r: whole(getattr(r, "best_step", None))),
         ("MLM %", lambda r: pct(r.best_val_mlm_accuracy)),
         ("MLM majority %", lambda r: pct(r.most_frequent_token_accuracy)),
         ("SOP %", lambda r: pct(getattr(r, "best_val_sop_accuracy", None))),
