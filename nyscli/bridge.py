@@ -254,6 +254,7 @@ def plan_launch(
             validate_sweep_overrides=False,
         ).hydra
         multirun = multirun or node.mode == RunMode.MULTIRUN
+        search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
         for job in job_overrides(_task_overrides(overrides), multirun):
             _check_job(module, command, _compose_job(composing, command, job), job)
     return Plan(multirun, node)
@@ -447,8 +448,7 @@ def launch(command: str, arguments: list[str]) -> int:
                 return 0
             fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
         except (*USER_ERRORS, OSError) as error:
-            message = missing_launcher(error, args.overrides) or search.missing_sweeper(error)
-            message = message or fault_line(error)
+            message = missing_launcher(error, args.overrides) or fault_line(error)
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
     try:

@@ -17,7 +17,6 @@ import pytest
 
 from nyscli import bridge
 from nyscli.tracking import config as tracking_config
-from nyscli.tracking.search import missing_sweeper
 from tests.conftest import REPO
 from tests.helpers import LRA_TINY, run_folders
 
@@ -132,15 +131,28 @@ def test_a_missing_extra_is_one_line_before_any_folder(tmp_path, monkeypatch, ca
     monkeypatch.setattr(
         tracking_config.importlib.util,
         "find_spec",
-        lambda name, *a: None if name == "mlflow" else real(name, *a),
+        lambda name, *a: None if name in ("mlflow", "optuna") else real(name, *a),
     )
-    assert bridge.launch("lra", ["logger=many"]) == 2
-    out = capsys.readouterr().out
-    assert "logger=mlflow needs the optional extra tracking" in out
-    assert "pip install 'nyscli[tracking]'" in out and "Traceback" not in out
-    assert len(out.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
-    line = missing_sweeper(bridge.MissingConfigException("x", "hydra/sweeper/optuna"))
-    assert "hparams_search= (hydra-optuna-sweeper) needs the optional extra tracking" in line
+    for args, what in (
+        (["logger=many"], "logger=mlflow"),
+        (["hparams_search=lra_lr"], "hparams_search= (optuna)"),
+    ):
+        assert bridge.launch("lra", args) == 2
+        out = capsys.readouterr().out
+        assert f"{what} needs the optional extra tracking" in out, out
+        assert "pip install 'nyscli[tracking]'" in out and "Traceback" not in out
+        assert len(out.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
+
+
+def test_search_settings_are_checked_before_any_folder(run_nys, tmp_path):
+    for bad, allowed in (
+        ("hydra.sweeper.n_trials=0", "an integer >= 1"),
+        ("hydra.sweeper.sampler.name=grid", "tpe"),
+        ("trainer.lr=interval(0.0, 1e-3)", "trainer.lr=0.0 is not allowed"),
+    ):
+        done = run_nys("lra", "hparams_search=lra_lr", bad)
+        assert done.returncode == 2 and allowed in done.stdout, done.stdout + done.stderr
+        assert len(done.stdout.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
 
 
 def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):

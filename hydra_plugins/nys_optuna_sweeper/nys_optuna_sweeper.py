@@ -1,6 +1,6 @@
-"""The ``hydra/sweeper: nys_optuna`` sweeper: hydra-optuna-sweeper's, resumable.
+"""The ``hydra/sweeper: nys_optuna`` sweeper: Optuna trials as Hydra jobs, resumable.
 
-The logic lives in :mod:`nyscli.tracking.search`; this module only satisfies Hydra's rule
+The logic lives in :mod:`nyscli.tracking.optuna_search`; this module only satisfies Hydra's rule
 that plugins live under ``hydra_plugins`` and imports nothing heavy (Hydra imports every
 plugin module at start-up, also when no search runs).
 """

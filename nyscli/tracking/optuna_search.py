@@ -1,5 +1,14 @@
-"""The resumable Optuna sweeper (see :mod:`nyscli.tracking.search`); imported only when a
-search runs, since it needs optuna and hydra-optuna-sweeper (the ``tracking`` extra)."""
+"""The Optuna sweeper of ``hparams_search=`` (see :mod:`nyscli.tracking.search`).
+
+Imported only when a search runs (it needs optuna, from the ``tracking`` extra). Hydra builds
+it from ``conf/hydra/sweeper/nys_optuna.yaml`` through the shim in
+``hydra_plugins/nys_optuna_sweeper/``; Hydra's launcher runs each trial as one job, whose
+return value (the run's ``optimized_metric``) is told to the study.
+
+The search space uses Hydra's own sweep syntax, as hydra-optuna-sweeper does:
+``interval(a, b)`` (``tag(log, interval(a, b))`` for a log scale; integers if both ends are),
+``range(a, b, step=s)`` and ``choice(x, y, ...)``; a plain ``key=value`` is fixed.
+"""
 
 from __future__ import annotations
 
@@ -9,38 +18,115 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from hydra_plugins.hydra_optuna_sweeper._impl import (
-    OptunaSweeperImpl,
-    create_params_from_overrides,
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
 )
-from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from nyscli.tracking.search import FOLDER_ATTR, next_job_number, write_trials
+from nyscli.errors import UserInputError
+from nyscli.tracking.search import (
+    FOLDER_ATTR,
+    RESULTS_FILE,
+    SAMPLER_NAMES,
+    next_job_number,
+    write_trials,
+)
 
 log = logging.getLogger(__name__)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+assert tuple(SAMPLERS) == SAMPLER_NAMES  # search.RULES checks the name before a folder exists
 
 
-class ResumableOptunaSweeper(OptunaSweeperImpl):
-    """hydra-optuna-sweeper's sweeper with ``n_trials`` as the study's total and interrupted
-    trials run again (one process works on a study at a time)."""
+def distribution(override: Override) -> BaseDistribution:
+    """The Optuna distribution of one sweep override (``interval``, ``range``, ``choice``)."""
+    sweep = override.value()
+    if isinstance(sweep, IntervalSweep):
+        log_scale = "log" in sweep.tags
+        if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+            return IntDistribution(sweep.start, sweep.end, log=log_scale)
+        return FloatDistribution(float(sweep.start), float(sweep.end), log=log_scale)
+    if isinstance(sweep, RangeSweep):
+        start, stop, step = sweep.start, sweep.stop, sweep.step
+        if all(isinstance(v, int) for v in (start, stop, step)):
+            # range() excludes its stop: the last value is the highest start + k * step < stop.
+            return IntDistribution(start, start + (stop - 1 - start) // step * step, step=step)
+        return CategoricalDistribution(list(override.sweep_iterator()))
+    if isinstance(sweep, ChoiceSweep):
+        return CategoricalDistribution(list(override.sweep_iterator()))
+    raise UserInputError(
+        f"{override.input_line} is not allowed in a search; use interval(a, b), "
+        "tag(log, interval(a, b)), range(a, b, step=s) or choice(x, y, ...)"
+    )
+
+
+def search_space(lines: Sequence[str]) -> tuple[dict[str, BaseDistribution], dict[str, str]]:
+    """(key -> distribution, key -> fixed override line); a later line for a key wins, and a
+    fixed value takes its key out of the space."""
+    space: dict[str, BaseDistribution] = {}
+    fixed: dict[str, str] = {}
+    for override in OverridesParser.create().parse_overrides(list(lines)):
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            space[key] = distribution(override)
+            fixed.pop(key, None)
+        else:
+            fixed[key] = override.input_line
+            space.pop(key, None)
+    return space, fixed
+
+
+class OptunaSearch(Sweeper):
+    """Trials from an Optuna study in SQLite, ``n_trials`` in all, resumable."""
+
+    def __init__(
+        self,
+        direction: str,
+        storage: str | None,
+        study_name: str | None,
+        n_trials: int,
+        sampler: DictConfig | dict[str, Any],
+        params: DictConfig | dict[str, str] | None = None,
+    ) -> None:
+        self.direction = str(direction)
+        self.storage = storage
+        self.study_name = study_name
+        self.n_trials = int(n_trials)
+        settings = dict(sampler)
+        name = str(settings.pop("name", "tpe"))  # checked by search.check_sweeper
+        if name == "random":
+            settings = {"seed": settings.get("seed")}
+        self.sampler = SAMPLERS[name](**settings)
+        self.params = {str(k): str(v) for k, v in (params or {}).items()}
+        self.job_idx = 0
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def sweep(self, arguments: list[str]) -> None:
-        self._process_searchspace_config()
-        space, fixed = create_params_from_overrides(
-            self._parse_sweeper_params_config() + list(arguments)
-        )
-        space = {**(self.search_space_distributions or {}), **space}
-        for name in fixed:
-            space.pop(name, None)
+        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        space, fixed = search_space(lines)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         study = optuna.create_study(
             study_name=self.study_name,
             storage=self.storage,
             sampler=self.sampler,
-            directions=self._get_directions(),
+            direction=self.direction,
             load_if_exists=True,
         )
         # Trials left RUNNING were cut short when the search was interrupted.
@@ -58,31 +144,31 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         if study.trials:  # a resumed search: a sampler seeded as before would redraw its trials
             study.sampler.reseed_rng()
         for frozen in stale:
-            params = {**frozen.params, **fixed}
-            study._storage.set_trial_user_attr(frozen._trial_id, FOLDER_ATTR, str(self.job_idx))  # noqa: SLF001
-            self._run_trial(study, frozen.number, [f"{k}={v}" for k, v in params.items()])
+            study._storage.set_trial_user_attr(frozen._trial_id, FOLDER_ATTR, self.job_idx)  # noqa: SLF001
+            self._run_trial(study, frozen.number, frozen.params, fixed)
             write_trials(study, sweep_dir)
         while len(study.trials) < self.n_trials:
-            trial = study.ask()
-            overrides = self._configure_trials([trial], space, fixed)[0]
-            trial.set_user_attr(FOLDER_ATTR, str(self.job_idx))
-            self._run_trial(study, trial.number, list(overrides))
+            trial = study.ask(space)
+            trial.set_user_attr(FOLDER_ATTR, self.job_idx)
+            self._run_trial(study, trial.number, trial.params, fixed)
             write_trials(study, sweep_dir)
         self._report(study, sweep_dir)
 
-    def _run_trial(self, study: Any, number: int, overrides: Sequence[str]) -> None:
+    def _run_trial(
+        self, study: Any, number: int, params: dict[str, Any], fixed: dict[str, str]
+    ) -> None:
         """One trial as one Hydra job; its value (the job's optimized_metric) told to the
         study, or FAIL when the job failed or returned none."""
-        returns = self.launcher.launch([tuple(overrides)], initial_job_idx=self.job_idx)
+        overrides = (*fixed.values(), *(f"{k}={v}" for k, v in params.items()))
+        returns = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
         self.job_idx += len(returns)
         try:
-            value = returns[0].return_value  # re-raises the job's exception, if any
-            values = [float(v) for v in (value if isinstance(value, list | tuple) else [value])]
+            value = float(returns[0].return_value)  # re-raises the job's exception, if any
         except Exception as error:  # a failed job fails its trial; the search goes on
-            log.warning("trial %d failed: %s", number, error)
+            log.warning("trial %d failed (%s); the search goes on", number, error)
             study.tell(number, state=TrialState.FAIL)
             return
-        study.tell(number, values=values)
+        study.tell(number, value)
 
     def _report(self, study: Any, sweep_dir: Path) -> None:
         complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -92,12 +178,11 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         best = study.best_trial
         log.info("best trial %d: value %s, parameters %s", best.number, best.value, best.params)
         results = {
-            "name": "optuna",
             "best_trial": best.number,
-            "best_params": best.params,
             "best_value": best.value,
+            "best_params": best.params,
             "best_job_folder": best.user_attrs.get(FOLDER_ATTR),
             "trials": len(study.trials),
             "complete": len(complete),
         }
-        OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
+        OmegaConf.save(OmegaConf.create(results), sweep_dir / RESULTS_FILE)

@@ -1,10 +1,10 @@
-"""Hyperparameter search: hydra-optuna-sweeper's sweeper, resumable (``hparams_search=``).
+"""Hyperparameter search with Optuna through Hydra's sweeper interface (``hparams_search=``).
 
-The plugin's sweeper asks Optuna for trials and runs each as a Hydra job; its study lives in
-a SQLite file in the sweep folder (``optuna.db``). Two things it does not do, added here:
+The sweeper (:mod:`nyscli.tracking.optuna_search`) asks Optuna (TPE by default) for trials and
+runs each as a Hydra job; its study lives in a SQLite file in the sweep folder (``optuna.db``):
 
-- ``n_trials`` is the study's total, not "this many more": run the same command with
-  ``hydra.sweep.dir=<sweep folder>`` and an interrupted search runs only the trials it lacks;
+- ``n_trials`` is the study's total: run the same command with ``hydra.sweep.dir=<sweep
+  folder>`` and an interrupted search runs only the trials it lacks;
 - a trial cut short by the interruption (left RUNNING in the study) is run again with the
   same parameters and told to the same trial, so the study ends with exactly ``n_trials``.
 
@@ -15,20 +15,33 @@ folder, the best one marked) after each trial; ``optimization_results.yaml`` hol
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra.errors import MissingConfigException
+from omegaconf import DictConfig, OmegaConf
 
 from nyscli.files import write_csv
+from nyscli.rules import Choice, Int, Rule
 from nyscli.tracking.config import missing_extra
 
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "optuna.db"  # the study, in the sweep folder (hparams_search presets)
 TRIALS_FILE = "trials.csv"
+RESULTS_FILE = "optimization_results.yaml"  # the best trial (hydra-optuna-sweeper's name)
+SWEEPER = "hydra_plugins.nys_optuna_sweeper.nys_optuna_sweeper.NysOptunaSweeper"
+SAMPLER_NAMES = ("tpe", "random")
+# What the search's hydra.sweeper keys may hold (conf/hydra/sweeper/nys_optuna.yaml).
+RULES: dict[str, Rule] = {
+    "direction": Choice(("minimize", "maximize")),
+    "n_trials": Int(low=1),
+    "sampler.name": Choice(SAMPLER_NAMES),
+    "sampler.seed": Int(low=0, null=True),
+    "sampler.n_startup_trials": Int(low=0),
+}
 FOLDER_ATTR = "nys_job_folder"  # trial user attribute: the job folder that ran it
 
 
@@ -37,14 +50,17 @@ def resumable(folder: Path) -> bool:
     return (Path(folder) / STUDY_FILE).is_file()
 
 
-def missing_sweeper(error: BaseException) -> str | None:
-    """The one line for ``hparams_search=`` without the Optuna sweeper plugin installed."""
-    if not isinstance(error, MissingConfigException):
-        return None
-    missing = str(error.missing_cfg_file or "")
-    if not missing.startswith("hydra/sweeper"):
-        return None
-    return str(missing_extra("hparams_search= (hydra-optuna-sweeper)"))
+def check_sweeper(hydra: DictConfig) -> None:
+    """A search's settings (``hydra.sweeper.*``) and optuna installed, before any folder
+    exists: one-line errors. Other sweepers pass untouched."""
+    sweeper = hydra.get("sweeper")
+    if sweeper is None or sweeper.get("_target_") != SWEEPER:
+        return
+    for key, rule in RULES.items():
+        value = OmegaConf.select(sweeper, key, default=None)
+        rule.check(f"hydra.sweeper.{key}", value)
+    if importlib.util.find_spec("optuna") is None:
+        raise missing_extra("hparams_search= (optuna)")
 
 
 def next_job_number(sweep_dir: Path) -> int:
@@ -97,7 +113,7 @@ def trials_table(sweep_dir: Path) -> Any:
 
 
 def make_sweeper(**kwargs: Any) -> Any:
-    """The resumable sweeper (imports optuna and the plugin only when a search runs)."""
-    from nyscli.tracking.optuna_search import ResumableOptunaSweeper
+    """The Optuna sweeper (imports optuna only when a search runs)."""
+    from nyscli.tracking.optuna_search import OptunaSearch
 
-    return ResumableOptunaSweeper(**kwargs)
+    return OptunaSearch(**kwargs)
