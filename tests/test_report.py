@@ -12,8 +12,9 @@ import pytest
 from nyscli.errors import UserInputError
 from nyscli.experiments.approx_error.summary import summarise
 from nyscli.experiments.report import command as report
+from nyscli.experiments.report.sweep_summary import write_summary
 from nyscli.output import curves, plots
-from nyscli.output.runs import load_run
+from nyscli.output.runs import find_run_folders, load_run
 
 
 @pytest.fixture
@@ -175,3 +176,23 @@ def test_a_results_table_missing_its_commands_columns_is_one_line(tmp_path):
         report.show_report([tmp_path])
     message = str(raised.value)
     assert str(tmp_path / "odd") in message and "'scope'" in message and "bench" in message
+
+
+def test_runs_are_listed_in_numeric_order_in_summary_and_report(tmp_path):
+    """A sweep of 12 jobs and two single runs named by their budget: job 10 used to come
+    before job 2 (and ``m128`` before ``m16``), so tables listed 88 and 96 before 16."""
+
+    def bench_run(folder: Path, m: int) -> None:
+        row = {"attention": f"nystrom-{m}", "seq_len": 64, "time_ms": 1.0, "status": "ok"}
+        fake_run(folder, "bench", [f"attention.num_landmarks={m}"], row)
+
+    sweep = tmp_path / "sweep"
+    for k in range(12):
+        bench_run(sweep / str(k), 8 * (k + 1))
+    write_summary(sweep)
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert list(summary.attention) == [f"nystrom-{8 * (k + 1)}" for k in range(12)]
+    for m in (128, 16):
+        bench_run(tmp_path / "single" / f"m{m}", m)
+    runs = [load_run(p) for p in find_run_folders([tmp_path / "single"])]
+    assert list(report.aggregate(runs).attention) == ["nystrom-16", "nystrom-128"]

@@ -9,6 +9,7 @@ partly failed sweep still aggregates; a submitit job killed before it could writ
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,14 +38,25 @@ class RunFolder:
 
 
 def find_run_folders(paths: list[Path]) -> list[Path]:
-    """Every run folder at or below each path, sorted; a missing path is a UserInputError."""
+    """Every run folder at or below each path, in natural order (numbers in names compare
+    as numbers: sweep job 2 before job 10, ``m16`` before ``m128``); a missing path is a
+    UserInputError."""
     found: set[Path] = set()
     for path in paths:
         path = Path(path)
         if not path.is_dir():
             raise UserInputError(f"{path} is not a directory; give run folders or a parent of them")
         found.update(cfg.parent.parent for cfg in path.rglob(".hydra/config.yaml"))
-    return sorted(found)
+    return sorted(found, key=natural_key)
+
+
+def natural_key(path: Path) -> tuple[tuple[str | int, ...], ...]:
+    """Each part of ``path`` split into text and numbers (``m128`` -> ``("m", 128, "")``), so
+    numbers sort numerically; text and number positions always alternate, so keys compare."""
+    return tuple(
+        tuple(int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", part)))
+        for part in Path(path).parts
+    )
 
 
 def load_run(path: Path) -> RunFolder:
