@@ -196,3 +196,32 @@ def test_runs_are_listed_in_numeric_order_in_summary_and_report(tmp_path):
         bench_run(tmp_path / "single" / f"m{m}", m)
     runs = [load_run(p) for p in find_run_folders([tmp_path / "single"])]
     assert list(report.aggregate(runs).attention) == ["nystrom-16", "nystrom-128"]
+
+
+def test_bench_at_one_length_draws_one_bar_per_method(tmp_path, monkeypatch):
+    """At one n a log-log line is a single dot and every method's dot sat in one column; the
+    panels are bars instead, one per method, its length the value (none for out of memory)."""
+    bars = {}
+    original = plots.save_figure
+
+    def capture(fig, path, dpi=120):
+        bars[Path(path).name] = [
+            (ax.get_xlabel(), [t.get_text() for t in ax.get_yticklabels()],
+             [p.get_width() for p in ax.patches])
+            for ax in fig.axes
+        ]  # fmt: skip
+        return original(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    rows = [("softmax (SDPA)", 2.0, 8.0), ("nystrom-64", 1.5, 3.0), ("linformer-256", 3.0, None)]
+    df = pd.DataFrame(
+        [{"attention": a, "seq_len": 1024, "time_ms": t, "peak_mb": m, "status": "ok"}
+         for a, t, m in rows]
+    )  # fmt: skip
+    [run] = [fake_run(tmp_path / "one", "bench", [], df)]
+    png = report.bench_figure([run], report.aggregate([run]), tmp_path / "r_bench")
+    [(time_label, names, times), (memory_label, _, memory)] = bars["r_bench.png"]
+    assert png == [tmp_path / "r_bench.png"] and "time" in time_label and "memory" in memory_label
+    assert names == [a for a, _, _ in rows]
+    assert times == [2.0, 1.5, 3.0]
+    assert memory[:2] == [8.0, 3.0] and np.isnan(memory[2])  # out of memory: no bar

@@ -36,8 +36,11 @@ def loglog_panels(
 ) -> Path:
     """One log-log panel per (column, axis label) in ``panels``, one line per value of ``line``.
 
-    Rows with a missing y value (e.g. out of memory) are left out of their line.
+    Rows with a missing y value (e.g. out of memory) are left out of their line. With a single
+    ``x`` value the panels are bars instead (:func:`bar_panels`).
     """
+    if df[x].nunique() == 1:
+        return bar_panels(df, x, panels, line, path, title)
     fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (column, label) in zip(axes[0], panels, strict=True):
         for name, group in df.dropna(subset=[column]).groupby(line, sort=False):
@@ -49,6 +52,41 @@ def loglog_panels(
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path, dpi=120)
+
+
+def bar_panels(
+    df: pd.DataFrame,
+    x: str,
+    panels: list[tuple[str, str]],
+    line: str,
+    path: Path,
+    title: str = "",
+) -> Path:
+    """One panel per (column, axis label), one horizontal bar per value of ``line`` with its
+    number at the end, on a log axis: the figure for a single ``x`` value, where log-log lines
+    would be one column of overlapping dots. A missing value (out of memory) gets no bar."""
+    from matplotlib.ticker import NullFormatter  # matplotlib loads on first use (pyplot)
+
+    names = list(dict.fromkeys(df[line]))
+    size = (5.5 * len(panels), 1.4 + 0.4 * len(names))
+    fig, axes = pyplot().subplots(1, len(panels), figsize=size, squeeze=False)
+    for ax, (column, label) in zip(axes[0], panels, strict=True):
+        values = df.groupby(line, sort=False)[column].first().reindex(names)
+        rows = range(len(names))
+        ax.barh(rows, values, color=[f"C{i % 10}" for i in rows], log=True)
+        for row, value in zip(rows, values, strict=True):
+            if pd.notna(value):
+                ax.text(value, row, f" {value:.3g}", va="center", fontsize=8)
+        if values.notna().any():  # room for the number after the longest bar
+            ax.set_xlim(right=float(values.max()) * 2.5)
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a short range
+        ax.set_yticks(list(rows), [str(n) for n in names], fontsize=8)
+        ax.invert_yaxis()  # the first row on top, as in the tables
+        ax.set_xlabel(label)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+    value = df[x].iloc[0]
+    fig.suptitle(f"{title} ({x} = {value})" if title else f"{x} = {value}")
     return save_figure(fig, path, dpi=120)
 
 
