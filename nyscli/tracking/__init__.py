@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
@@ -118,7 +120,9 @@ def final_metrics(df: pd.DataFrame | None) -> tuple[dict[str, float], int]:
     row = df.iloc[0]
     metrics = {}
     for key, value in row.items():
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        # numpy's int64 is no int, but a numbers.Real; a bool is one too and no metric.
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+        if number and math.isfinite(float(value)):
             metrics[str(key)] = float(value)
     return metrics, int(metrics.get("steps", 0))
 

@@ -131,10 +131,12 @@ def log_rows(client: Any, run_id: str, rows: list[Row]) -> None:
 
 
 def last_logged_step(client: Any, run_id: str) -> int:
-    """The newest step this run has training or dev points for (-1: none)."""
+    """The newest step this run has a ``<split>/loss`` point for (every metrics.csv row has a
+    loss, whatever its split is called; -1: none)."""
     steps = [-1]
-    for key in ("train/loss", "val/loss"):
-        steps += [int(m.step) for m in client.get_metric_history(run_id, key)]
+    for key in client.get_run(run_id).data.metrics:
+        if key.endswith("/loss"):
+            steps += [int(m.step) for m in client.get_metric_history(run_id, key)]
     return max(steps)
 
 
@@ -182,3 +184,6 @@ def finish_run(client: Any, run_id: str, run_dir: Path, metrics: dict[str, float
     if config.is_file():
         client.log_artifact(run_id, str(config), artifact_path="hydra")
     client.set_terminated(run_id, status="FINISHED")
+    parent = client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+    if parent:  # a sweep's parent run ends with its jobs (each finished job says so)
+        client.set_terminated(parent, status="FINISHED")

@@ -1,6 +1,6 @@
 """TensorBoard: event files in the run folder (``<run>/tensorboard/``).
 
-Scalars are tagged ``<split>/<metric>`` (``train/loss``, ``val/accuracy``, ``train/lr``,
+Scalars are tagged ``<split>/<metric>`` (``train/loss``, ``dev/accuracy``, ``train/lr``,
 ``train/tokens_per_s``, ``train/peak_mb``...) at the optimizer step. A resumed run starts a new
 run folder, so its event file first replays the rows it carried over from the earlier run
 (the same rows ``metrics.csv`` keeps): one continuous step axis, no step twice. At the end the
@@ -59,11 +59,13 @@ def hparam_value(value: Any) -> Any:
 def write_hparams(
     log_dir: Path, params: dict[str, Any], metrics: dict[str, float], step: int
 ) -> None:
-    """The resolved config as hparams with the final metrics, into ``log_dir`` (the run's own
-    event folder, so the HParams tab pairs them with its curves)."""
+    """The resolved config as hparams with the final metrics (tagged ``final/<name>``, one
+    group beside train/ and dev/), into ``log_dir``, the run's own event folder, so the
+    HParams tab pairs them with its curves."""
     from torch.utils.tensorboard.summary import hparams
 
     writer = _writer(Path(log_dir))
+    metrics = {f"final/{k}": v for k, v in metrics.items()}
     try:
         clean = {k: hparam_value(v) for k, v in params.items()}
         for summary in hparams(clean, metrics):
