@@ -437,6 +437,7 @@ def launch(command: str, arguments: list[str]) -> int:
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
     sweep_dir = None
+    earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
     fresh = None  # the run folder this launch created: removed again if the run fails early
     made_parents: list[Path] = []  # the folders above it that this launch created
     if not inspecting:
@@ -447,6 +448,8 @@ def launch(command: str, arguments: list[str]) -> int:
                 console.print(escape(plan.done), highlight=False, soft_wrap=True)
                 return 0
             fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
+            # A resumed search's sweep folder holds earlier jobs (one cut short): not this launch's.
+            earlier = set(find_run_folders([sweep_dir])) if sweep_dir is not None else set()
         except (*USER_ERRORS, OSError) as error:
             message = missing_launcher(error, args.overrides) or fault_line(error)
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -481,14 +484,16 @@ def launch(command: str, arguments: list[str]) -> int:
             raise
         write_summary(sweep_dir)
         if exit_.code not in (None, 0):
-            return sweep_outcome(sweep_dir) or 1
-    return 0 if sweep_dir is None else sweep_outcome(sweep_dir)
+            return sweep_outcome(sweep_dir, earlier) or 1
+    return 0 if sweep_dir is None else sweep_outcome(sweep_dir, earlier)
 
 
-def sweep_outcome(sweep_dir: Path) -> int:
-    """1 with one line naming the failed jobs (those without results, of any launcher, also
-    ones killed before they could write error.txt), else 0."""
-    failed = [p for p in find_run_folders([sweep_dir]) if not (p / RESULTS_FILE).exists()]
+def sweep_outcome(sweep_dir: Path, earlier: set[Path] = frozenset()) -> int:
+    """1 with one line naming the failed jobs of this launch (those without results, of any
+    launcher, also ones killed before they could write error.txt; ``earlier`` job folders
+    were there before it), else 0."""
+    jobs = [p for p in find_run_folders([sweep_dir]) if p not in earlier]
+    failed = [p for p in jobs if not (p / RESULTS_FILE).exists()]
     if not failed:
         return 0
     console.print(

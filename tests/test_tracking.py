@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,6 +202,10 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
     cut = study.ask()  # what an interrupted sweeper leaves: a RUNNING trial with parameters
     lr = cut.suggest_float("trainer.lr", 1e-5, 3e-3, log=True)
     cut.suggest_float("model.dropout", 0.0, 0.3)
+    cut.set_user_attr("nys_job_folder", 3)
+    (sweep / "3").mkdir()  # and its job folder, with the interrupted run's config and line
+    shutil.copytree(sweep / "2" / ".hydra", sweep / "3" / ".hydra")
+    (sweep / "3" / "error.txt").write_text("interrupted at step 2; no checkpoint was written yet")
 
     again = run_nys(*search)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -214,7 +219,7 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
     assert best.value == max(trials.value) == study.best_value
     job = pd.read_csv(sweep / str(best.job_folder) / "results.csv").iloc[0]
     assert job.best_dev_accuracy == best.value  # each job returned its metric to Hydra
-    assert sorted(trials.job_folder) == list(range(6))  # folders 0..5, none reused
+    assert sorted(trials.job_folder) == [0, 1, 2, 4, 5, 6]  # 3 stays the cut-short run's
     # MLflow: one child run per job folder, all under the sweep's parent run.
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     parent = json.loads((sweep / "mlflow_parent.json").read_text())["run_id"]
@@ -222,7 +227,7 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
         [client.get_experiment_by_name("lra").experiment_id],
         f"tags.mlflow.parentRunId = '{parent}'",
     )
-    assert sorted(r.info.run_name for r in children) == [str(i) for i in range(6)]
+    assert sorted(r.info.run_name for r in children) == ["0", "1", "2", "4", "5", "6"]
     report = run_nys("report", str(sweep))
     assert report.returncode == 0 and "search: 6 trials" in report.stdout, report.stdout
 
