@@ -133,12 +133,14 @@ class OptunaSearch(Sweeper):
         stale = [t for t in study.trials if t.state == TrialState.RUNNING]
         done = sum(t.state in FINISHED for t in study.trials)
         log.info(
-            "search %s: %d of %d trials done, %d interrupted to run again; study %s",
+            "search %s: %d of %d trials done, %d interrupted to run again; study %s "
+            "(if this is interrupted, the same command with hydra.sweep.dir=%s resumes it)",
             study.study_name,
             done,
             self.n_trials,
             len(stale),
             self.storage,
+            sweep_dir,
         )
         self.job_idx = next_job_number(sweep_dir)
         if study.trials:  # a resumed search: a sampler seeded as before would redraw its trials

@@ -68,6 +68,10 @@ class Fanout:
         self.extra = extra
         self.failed: list[str] = []
 
+    def names(self) -> list[str]:
+        """The loggers still on."""
+        return [sink.name for sink in self.sinks]
+
     def _each(self, method: str, *args: Any) -> None:
         for sink in list(self.sinks):
             try:
