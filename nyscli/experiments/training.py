@@ -36,6 +36,8 @@ SCHEDULE_KEYS = {
     "warmup_steps": ("trainer.warmup_steps",),
     "eval_every": ("trainer.eval_every",),
     "checkpoint_every": ("trainer.checkpoint_every",),
+    "log_every": ("trainer.log_every",),
+    "eval_examples": ("trainer.eval_examples",),
 }
 
 

@@ -104,32 +104,74 @@ class TrainerConfig:
     def save_every(self) -> int:
         return self.checkpoint_every or self.eval_every
 
+    @property
+    def examples_per_update(self) -> int:
+        """Examples one optimizer update sees (all ranks, all micro-batches)."""
+        return self.batch_size * self.accumulate * self.nproc_per_node
+
+    @property
+    def capped(self) -> bool:
+        """True when ``max_steps`` cuts the budget the schedule was planned for (a short run:
+        its evaluation subsets and data are sized to it, see :meth:`fit_budget`)."""
+        return self.planned_steps is not None and self.max_steps < self.planned_steps
+
+    @property
+    def run_examples(self) -> int:
+        """Training examples the whole run draws (``max_steps`` updates)."""
+        return self.max_steps * self.examples_per_update
+
+    def held_out_size(self, size: int | None) -> int | None:
+        """A final test/dev set size for this run: ``size`` (None = all), and for a capped run
+        at most :attr:`run_examples`, so a short run spends most of its time training."""
+        if not self.capped:
+            return size
+        return self.run_examples if size is None else min(size, self.run_examples)
+
     def fit_budget(self, fixed: Collection[str] = ()) -> tuple[TrainerConfig, str | None]:
         """The schedule for a ``max_steps`` cap below ``planned_steps``, and a note if changed.
 
         When the cap is shorter than the warm-up or the eval interval (``--steps 100`` on LRA
         Text: warm-up 8000, eval every 1000), the lr would never reach its peak and dev would
-        be seen once: warm-up, eval interval (and checkpoint interval) keep their ratio to the
-        budget instead, ``round(value * max_steps / planned_steps)``. Keys in ``fixed`` (the
-        ones the user set explicitly) are kept as given.
+        be seen once: warm-up, eval, checkpoint and log intervals keep their ratio to the
+        budget instead, ``round(value * max_steps / planned_steps)``, and each periodic dev
+        evaluation sees at most as many examples as the run trains on between two of them
+        (``--steps 30`` on ListOps would otherwise evaluate 2,000 dev examples every 3 steps:
+        nine tenths of the run). Keys in ``fixed`` (the ones the user set explicitly) are kept
+        as given.
         """
         planned, cap = self.planned_steps, self.max_steps
         if planned is None or cap >= planned or cap >= max(self.warmup_steps, self.eval_every):
             return self, None
         ratio = cap / planned
-        changes: dict[str, int] = {}
+        changes: dict[str, int | None] = {}
         if "warmup_steps" not in fixed and self.warmup_steps > 0:
             changes["warmup_steps"] = min(max(1, round(self.warmup_steps * ratio)), cap - 1)
-        for key in ("eval_every", "checkpoint_every"):
+        for key in ("eval_every", "checkpoint_every", "log_every"):
             value = getattr(self, key)
             if key not in fixed and value is not None and value > 1:
                 changes[key] = max(1, round(value * ratio))
+        shorter = changes.get("eval_every", self.eval_every) != self.eval_every
+        if "checkpoint_every" not in fixed and self.checkpoint_every is None and shorter:
+            # Checkpoints keep the planned cadence in steps (a short run saves at its end):
+            # saving MiniLM's weights and optimizer state every 2 steps cost more than training.
+            changes["checkpoint_every"] = self.eval_every
+        if "eval_examples" not in fixed:
+            between = changes.get("eval_every", self.eval_every) * self.examples_per_update
+            if self.eval_examples is None or self.eval_examples > between:
+                changes["eval_examples"] = between
         changes = {k: v for k, v in changes.items() if v != getattr(self, k)}
         if not changes:
             return self, None
-        scaled = ", ".join(f"{k} {getattr(self, k)} -> {v}" for k, v in changes.items())
+        unset = {"eval_examples": "all", "checkpoint_every": "at evaluations"}
+        scaled = ", ".join(
+            f"{k} {unset[k] if getattr(self, k) is None else getattr(self, k)} -> {v}"
+            for k, v in changes.items()
+        )
         note = (
             f"trainer.max_steps={cap} is below the schedule planned for {planned} steps: "
-            f"{scaled} (scaled by {cap}/{planned}; set trainer.{'/'.join(changes)} to override)"
+            f"{scaled} (scaled by {cap}/{planned}; eval_examples = the examples trained between "
+            f"two evaluations; the final test sees at most the {self.run_examples} the run "
+            f"trains on; set trainer.{'/'.join(changes)} to override one, "
+            f"trainer.planned_steps=null for none)"
         )
         return dataclasses.replace(self, **changes), note

@@ -114,6 +114,33 @@ def validate(cfg: DictConfig) -> None:
     check_attention(cfg)
 
 
+def sized_data(data: DictConfig, settings: TrainerConfig) -> DictConfig:
+    """``data`` with a generated task's split sizes cut to what a capped run uses.
+
+    A run capped below its planned budget (``--steps 30`` of ListOps' 5000) draws
+    ``run_examples`` training examples and evaluates at most as many: generating all 96,000
+    ListOps trees (or 160,000 Pathfinder images) for it would take longer than the run. The
+    generators are seeded streams, so the first k examples are the same whatever the size.
+    """
+    generate = data.get("generate")
+    if data.get("path") or generate is None or not settings.capped:
+        return data
+    cap = settings.run_examples
+    sizes = {k: min(int(generate[k]), cap) for k in GENERATED if k.startswith("n_")}
+    if all(sizes[k] == int(generate[k]) for k in sizes):
+        return data
+    log.info(
+        "short run (trainer.max_steps=%d of %d planned): generating %s examples, the first of "
+        "each split's seeded stream (trainer.planned_steps=null generates them all)",
+        settings.max_steps,
+        settings.planned_steps,
+        " / ".join(f"{sizes[k]} of {int(generate[k])} {k[2:]}" for k in sizes),
+    )
+    sized = OmegaConf.to_container(data, resolve=True)
+    sized["generate"].update(sizes)
+    return OmegaConf.create(sized)
+
+
 def attention_label(cfg: DictConfig) -> str:
     return attention.attention_label(OmegaConf.to_container(cfg.attention, resolve=True))
 
@@ -121,10 +148,11 @@ def attention_label(cfg: DictConfig) -> str:
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     device, plan = start_run(cfg, run_dir)
+    planned = trainer_config(cfg)
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, cfg.data, cfg.data_cache, cfg.threads)
+        data = load_task(cfg.task, sized_data(cfg.data, planned), cfg.data_cache, cfg.threads)
     # After the data: a bad data file is then the run's only output line.
-    settings = fit_schedule(trainer_config(cfg), run_dir)
+    settings = fit_schedule(planned, run_dir)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
         "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
@@ -153,7 +181,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     )
     eval_size = settings.eval_batch_size or settings.batch_size
     dev_set = evaluation_subset(data.val, settings.eval_examples)
-    test_set = evaluation_subset(data.test, cfg.task.test_examples)
+    test_set = evaluation_subset(data.test, settings.held_out_size(cfg.task.test_examples))
     dev_balance = class_balance("dev set", dataset_labels(dev_set), data.num_classes)
     test_balance = class_balance("test set", dataset_labels(test_set), data.num_classes)
     dev = eval_batches(dev_set, eval_size, data.collate)
