@@ -14,6 +14,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import shutil
 import traceback
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -52,6 +53,7 @@ from nyscli.files import write_csv, write_json, write_text
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.sweeps import per_attention
 from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
@@ -92,12 +94,27 @@ def one_line(error: BaseException) -> str:
     return text
 
 
+# Hydra's advice for an unknown attention option (+attention.x=...) only leads to our own
+# refusal of the option: say what it is instead.
+_UNKNOWN_OPTION = re.compile(r"Could not override '(attention\.[\w.]+)'.*not in struct")
+
+
+def _attention_hint(text: str) -> str:
+    found = _UNKNOWN_OPTION.search(text)
+    if found is None:
+        return text
+    return (
+        f"{found.group(1)} is not an option of the chosen attention (of none in a sweep); "
+        "--cfg job shows the options it has"
+    )
+
+
 def fault_line(error: BaseException) -> str:
     """One line for a user error, or for an OS fault (file, reason, what to do)."""
     # Hydra's MissingConfigException is an IOError too, but a user error, not a disk fault.
     if isinstance(error, OSError) and not isinstance(error, USER_ERRORS):
         return describe_os_error(error)
-    return one_line(error)
+    return _attention_hint(one_line(error))
 
 
 def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
@@ -208,6 +225,8 @@ class Plan:
     multirun: bool
     hydra: DictConfig  # the composed hydra node: mode, run and sweep dirs
     done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
+    jobs: tuple[tuple[str, ...], ...] = ()  # a sweep's jobs (overrides each), as they will run
+    note: str | None = None  # what the sweep changed (attention options dropped where absent)
 
 
 def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
@@ -255,9 +274,30 @@ def plan_launch(
         ).hydra
         multirun = multirun or node.mode == RunMode.MULTIRUN
         search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
-        for job in job_overrides(_task_overrides(overrides), multirun):
+
+        def attention_keys(job: list[str]) -> set[str]:
+            found = _compose_job(composing, command, job).get("attention")
+            return set(found.keys()) if found is not None else set()
+
+        split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
+        for job in split.jobs:
             _check_job(module, command, _compose_job(composing, command, job), job)
-    return Plan(multirun, node)
+    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=split.note)
+
+
+def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:
+    """``--cfg job|hydra|all`` with ``-m``: each job's config as the sweep will run it (Hydra
+    itself refuses the pair), after a ``# job i: overrides`` line."""
+    with composer(command, config_dir) as composing:
+        for index, job in enumerate(plan.jobs):
+            cfg = _compose_job(composing, command, list(job))
+            if what == "job":
+                with open_dict(cfg):
+                    del cfg["hydra"]
+            elif what == "hydra":
+                cfg = cfg.hydra
+            console.print(f"# job {index}: {' '.join(job) or '(defaults)'}", highlight=False)
+            console.out(OmegaConf.to_yaml(cfg, resolve=resolve), highlight=False)
 
 
 def existing_run(folder: Path) -> Path | None:
@@ -417,6 +457,20 @@ def claim_run_folder(
     return (None if shared else folder), made_parents, (folder if plan.multirun else None)
 
 
+def _show_sweep(command: str, args: Any) -> int:
+    """``--cfg`` with ``-m``: every job's config, checked like a launch; nothing runs."""
+    try:
+        plan = plan_launch(command, list(args.overrides), True, args.config_dir)
+        if plan.note:
+            console.print(f"# note: {escape(plan.note)}", highlight=False, soft_wrap=True)
+        show_jobs(command, plan, str(args.cfg), bool(args.resolve), args.config_dir)
+    except (*USER_ERRORS, OSError) as error:
+        message = missing_launcher(error, args.overrides) or fault_line(error)
+        console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
 def launch(command: str, arguments: list[str]) -> int:
     """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
     parser = get_args_parser()
@@ -436,6 +490,8 @@ def launch(command: str, arguments: list[str]) -> int:
     inspecting = bool(
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
+    if args.cfg and multirun:
+        return _show_sweep(command, args)
     sweep_dir = None
     earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
     fresh = None  # the run folder this launch created: removed again if the run fails early
@@ -444,6 +500,8 @@ def launch(command: str, arguments: list[str]) -> int:
         try:
             plan = plan_launch(command, list(args.overrides), multirun, args.config_dir)
             multirun = plan.multirun
+            if plan.note:
+                console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
             if plan.done:  # e.g. resume= names a finished run: nothing to run, no folder
                 console.print(escape(plan.done), highlight=False, soft_wrap=True)
                 return 0

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
         f"nyscli.experiments.{c}" for c in ("bench", "approx_error", "lra", "pretrain", "finetune")
     ),
     ("nyscli.experiments.report",),
-    ("nyscli.ranks",),
+    ("nyscli.ranks", "nyscli.sweeps"),
     ("nyscli.bridge",),
     ("nyscli.cli",),
 ]
