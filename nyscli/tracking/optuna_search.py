@@ -13,6 +13,8 @@ The search space uses Hydra's own sweep syntax, as hydra-optuna-sweeper does:
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -162,7 +164,13 @@ class OptunaSearch(Sweeper):
         """One trial as one Hydra job; its value (the job's optimized_metric) told to the
         study, or FAIL when the job failed or returned none."""
         overrides = (*fixed.values(), *(f"{k}={v}" for k, v in params.items()))
-        returns = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
+        try:
+            returns = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
+        except BaseException as stop:  # Ctrl-C in a trial: resume the search, not the job
+            if isinstance(getattr(stop, "message", None), str):  # TrainingInterrupted
+                where = stop.message.split(";")[0]
+                stop.message = f"{where} in trial {number}; resume the search with: {self._again()}"
+            raise
         self.job_idx += len(returns)
         try:
             value = float(returns[0].return_value)  # re-raises the job's exception, if any
@@ -171,6 +179,12 @@ class OptunaSearch(Sweeper):
             study.tell(number, state=TrialState.FAIL)
             return
         study.tell(number, value)
+
+    def _again(self) -> str:
+        """This command line with ``hydra.sweep.dir`` set to this search's folder."""
+        given = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+        folder = f"hydra.sweep.dir={self.config.hydra.sweep.dir}"
+        return " ".join(["nys", *map(shlex.quote, given), shlex.quote(folder)])
 
     def _report(self, study: Any, sweep_dir: Path) -> None:
         complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
