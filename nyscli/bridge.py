@@ -458,9 +458,10 @@ def claim_run_folder(
 
 
 def _show_sweep(command: str, args: Any) -> int:
-    """``--cfg`` with ``-m``: every job's config, checked like a launch; nothing runs."""
+    """``--cfg`` with ``-m`` (or a sweep a cluster preset makes): every job's config, checked
+    like a launch; nothing runs."""
     try:
-        plan = plan_launch(command, list(args.overrides), True, args.config_dir)
+        plan = plan_launch(command, list(args.overrides), bool(args.multirun), args.config_dir)
         if plan.note:
             console.print(f"# note: {escape(plan.note)}", highlight=False, soft_wrap=True)
         show_jobs(command, plan, str(args.cfg), bool(args.resolve), args.config_dir)
@@ -490,7 +491,7 @@ def launch(command: str, arguments: list[str]) -> int:
     inspecting = bool(
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
-    if args.cfg and multirun:
+    if args.cfg and (multirun or _sweeps(args.overrides)):
         return _show_sweep(command, args)
     sweep_dir = None
     earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held

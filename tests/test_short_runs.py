@@ -58,7 +58,7 @@ def test_short_lra_run_generates_trains_logs_and_tests_at_its_own_size(run_nys, 
     done = run_nys("lra", *args, f"data_cache={tmp_path / 'cache'}")
     assert done.returncode == 0, done.stdout + done.stderr
     text = " ".join(done.stdout.split())
-    assert "generating 32 of 96000 train / 32 of 2000 val / 32 of 2000 test" in text
+    assert "generated 32 of 96000 train / 32 of 2000 val / 32 of 2000 test" in text
     [run] = run_folders(tmp_path / "outputs" / "lra")
     metrics = pd.read_csv(run / "metrics.csv")
     assert list(metrics[metrics.split == "train"].step) == [1, 2, 3, 4]  # log_every 50 -> 1

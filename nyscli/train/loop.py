@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from nyscli.errors import UserInputError
+from nyscli.output.curves import is_rate
 from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
 from nyscli.train.checkpoint import (
@@ -399,7 +400,11 @@ class Trainer:
                 }
                 self._unsaved_best = {"model": weights, "step": self.step, "value": value}
         best = math.nan if self.best_value is None else self.best_value
-        text = f"dev {self.config.monitor} {value:.4f} (best {best:.4f})"
+        monitor = self.config.monitor
+        if is_rate(monitor):  # accuracy and F1 read as percentages everywhere
+            text = f"dev {monitor} {100 * value:.2f}% (best {100 * best:.2f}%)"
+        else:
+            text = f"dev {monitor} {value:.4f} (best {best:.4f})"
         log.info(
             "step %d: dev loss %.4f, %s, %.0f train tokens/s",
             self.step,

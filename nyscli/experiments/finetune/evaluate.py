@@ -146,6 +146,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     size = settings.eval_batch_size or int(merged.trainer.batch_size)
     objective = ClassificationObjective(f1="f1" in metric_names(task))
     trainer = Trainer(model, objective, settings, run_dir, device, metric_names(task))
+    trainer.metrics.start()  # its header: the rows below were headerless (nys report failed)
     results: dict[str, dict[str, float]] = {}
     balances: dict[str, ClassBalance | None] = {}
     for split in splits:

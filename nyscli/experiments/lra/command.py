@@ -114,8 +114,9 @@ def validate(cfg: DictConfig) -> None:
     check_attention(cfg)
 
 
-def sized_data(data: DictConfig, settings: TrainerConfig) -> DictConfig:
-    """``data`` with a generated task's split sizes cut to what a capped run uses.
+def sized_data(data: DictConfig, settings: TrainerConfig) -> tuple[DictConfig, str | None]:
+    """``data`` with a generated task's split sizes cut to what a capped run uses, and a line
+    saying so (None when nothing was cut).
 
     A run capped below its planned budget (``--steps 30`` of ListOps' 5000) draws
     ``run_examples`` training examples and evaluates at most as many: generating all 96,000
@@ -124,21 +125,20 @@ def sized_data(data: DictConfig, settings: TrainerConfig) -> DictConfig:
     """
     generate = data.get("generate")
     if data.get("path") or generate is None or not settings.capped:
-        return data
+        return data, None
     cap = settings.run_examples
     sizes = {k: min(int(generate[k]), cap) for k in GENERATED if k.startswith("n_")}
     if all(sizes[k] == int(generate[k]) for k in sizes):
-        return data
-    log.info(
-        "short run (trainer.max_steps=%d of %d planned): generating %s examples, the first of "
-        "each split's seeded stream (trainer.planned_steps=null generates them all)",
-        settings.max_steps,
-        settings.planned_steps,
-        " / ".join(f"{sizes[k]} of {int(generate[k])} {k[2:]}" for k in sizes),
+        return data, None
+    counts = " / ".join(f"{sizes[k]} of {int(generate[k])} {k[2:]}" for k in sizes)
+    note = (
+        f"short run (trainer.max_steps={settings.max_steps} of {settings.planned_steps} "
+        f"planned): generated {counts} examples, the first of each split's seeded stream "
+        "(trainer.planned_steps=null generates them all)"
     )
     sized = OmegaConf.to_container(data, resolve=True)
     sized["generate"].update(sizes)
-    return OmegaConf.create(sized)
+    return OmegaConf.create(sized), note
 
 
 def attention_label(cfg: DictConfig) -> str:
@@ -149,9 +149,12 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     device, plan = start_run(cfg, run_dir)
     planned = trainer_config(cfg)
+    sized, note = sized_data(cfg.data, planned)
     with distributed.main_first():  # one rank generates the cached data, the others read it
-        data = load_task(cfg.task, sized_data(cfg.data, planned), cfg.data_cache, cfg.threads)
+        data = load_task(cfg.task, sized, cfg.data_cache, cfg.threads)
     # After the data: a bad data file is then the run's only output line.
+    if note:
+        log.info(note)
     settings = fit_schedule(planned, run_dir)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
