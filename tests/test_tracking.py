@@ -145,15 +145,17 @@ def test_a_missing_extra_is_one_line_before_any_folder(tmp_path, monkeypatch, ca
         assert len(out.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
 
 
-def test_search_settings_are_checked_before_any_folder(run_nys, tmp_path):
+def test_search_settings_are_checked_before_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     for bad, allowed in (
         ("hydra.sweeper.n_trials=0", "an integer >= 1"),
         ("hydra.sweeper.sampler.name=grid", "tpe"),
         ("trainer.lr=interval(0.0, 1e-3)", "trainer.lr=0.0 is not allowed"),
     ):
-        done = run_nys("lra", "hparams_search=lra_lr", bad)
-        assert done.returncode == 2 and allowed in done.stdout, done.stdout + done.stderr
-        assert len(done.stdout.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
+        assert bridge.launch("lra", ["hparams_search=lra_lr", bad]) == 2
+        out = capsys.readouterr().out
+        assert allowed in out and len(out.strip().splitlines()) == 1, out
+        assert not (tmp_path / "outputs").exists()
 
 
 def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):
@@ -230,6 +232,8 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
     assert sorted(r.info.run_name for r in children) == ["0", "1", "2", "4", "5", "6"]
     report = run_nys("report", str(sweep))
     assert report.returncode == 0 and "search: 6 trials" in report.stdout, report.stdout
+    [marked] = [line for line in report.stdout.splitlines() if line.rstrip().endswith("│ best │")]
+    assert marked.split("│")[1].strip() == str(best.trial)  # the best trial, in words
 
 
 def test_hydra_plugin_shim_is_packaged():

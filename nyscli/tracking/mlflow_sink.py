@@ -168,7 +168,9 @@ class MlflowSink(Sink):
         self.checkpoint(max((r.step for r in self.pending), default=0))
 
 
-def finish_run(client: Any, run_id: str, run_dir: Path, metrics: dict[str, float], step: int):
+def finish_run(
+    client: Any, run_id: str, run_dir: Path, metrics: dict[str, float], step: int
+) -> None:
     """The final metrics at ``step``, the run folder's CSV/PNG files and config as artifacts,
     and the run marked finished."""
     from mlflow.entities import Metric

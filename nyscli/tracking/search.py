@@ -91,6 +91,7 @@ def trials_frame(study: Any) -> pd.DataFrame:
 
 
 def write_trials(study: Any, sweep_dir: Path) -> Path:
+    """``<sweep>/trials.csv`` from the study as it stands (rewritten after every trial)."""
     return write_csv(trials_frame(study), Path(sweep_dir) / TRIALS_FILE)
 
 
@@ -103,11 +104,13 @@ def trials_table(sweep_dir: Path) -> Any:
     shown = [c for c in df.columns if c != "best"]
     for column in shown:
         table.add_column(column, justify="left" if column in ("state", "job_folder") else "right")
+    table.add_column("best")  # a word, not only a colour: NO_COLOR and logs keep it
     for _, row in df.iterrows():
         cells = [
             "" if pd.isna(row[c]) else f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c])
             for c in shown
         ]
+        cells.append("best" if bool(row["best"]) else "")
         table.add_row(*cells, style="bold green" if bool(row["best"]) else None)
     return table
 

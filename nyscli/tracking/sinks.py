@@ -31,7 +31,10 @@ class Row:
         for key, value in values.items():
             if key in ("step", "split") or value is None or value == "":
                 continue
-            number = float(value)
+            try:
+                number = float(value)
+            except (TypeError, ValueError):  # a text column is no metric (and no reason to fail)
+                continue
             if math.isfinite(number):
                 clean[key] = number
         return cls(int(step), str(split), clean)
