@@ -72,8 +72,6 @@ def toy_command(example: str, data: dict[str, Path]) -> list[str]:
         toy = [a for a in toy if not a.startswith("attention.num_landmarks")]
     if command == "pretrain":
         toy += pretrain_tiny(data["corpus"], data["cache"])
-    if "hparams_search=lra_lr" in words:  # 2 trials of the search, not 20
-        toy.append("hydra.sweeper.n_trials=2")
     if "cluster=slurm" in words:  # no SLURM here: every job of the sweep composes
         return [*words, "--cfg", "job"]
     return [*words, *toy]
