@@ -71,7 +71,15 @@ def test_tensorboard_and_mlflow_hold_every_metrics_row_across_an_interrupt_and_r
     common = [*TINY, "--steps", "3000", "trainer.eval_every=25", "logger=many"]
     common.append(f"data_cache={tmp_path / 'cache'}")
     command = [sys.executable, "-m", "nyscli.cli", "lra", *common]
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A pytest started in the background (CI's `.ci/run &`, nohup) ignores SIGINT and its
+    # children inherit that: the run gets Ctrl-C's default back, as in a terminal.
+    first = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while not (runs := run_folders(tmp_path / "outputs" / "lra")):
         assert time.monotonic() < deadline and first.poll() is None
@@ -79,14 +87,12 @@ def test_tensorboard_and_mlflow_hold_every_metrics_row_across_an_interrupt_and_r
     [run] = runs
     wait_for_step(run / "metrics.csv", 30, first)
     first.send_signal(signal.SIGINT)
-    try:  # a loaded CI machine (another xdist worker searching) once needed over 60 s here
-        out, err = first.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
+    try:
+        out, err = first.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # Ctrl-C lost: show what the run printed
         first.kill()
         out, err = first.communicate()
-        raise AssertionError(
-            f"no exit 240 s after Ctrl-C:\n{out.decode()[-3000:]}\n{err.decode()[-3000:]}"
-        ) from None
+        raise AssertionError(f"no exit after Ctrl-C:\n{out.decode()[-3000:]}") from None
     assert first.returncode == 130, out.decode() + err.decode()
     interrupted = pd.read_csv(run / "metrics.csv")
     assert interrupted.step.max() > 25  # rows past the checkpoint that the resume redoes
