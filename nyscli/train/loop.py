@@ -34,6 +34,7 @@ from nyscli.train.checkpoint import (
     BEST,
     CHECKPOINT_DIR,
     LAST,
+    load_best,
     load_checkpoint,
     save_checkpoint,
     shape_mismatch,
@@ -46,6 +47,7 @@ from nyscli.train.resources import release_free_heap
 from nyscli.train.resume import resume_command
 from nyscli.train.schedule import build_scheduler, warmup_decay_factor
 from nyscli.train.seed import rng_state, set_rng_state
+from nyscli.train.splits import DEV, TEST, TRAIN
 
 log = logging.getLogger(__name__)
 
@@ -289,13 +291,11 @@ class Trainer:
 
     def test(self, batches: Iterable[Any]) -> dict[str, float]:
         """Evaluate the best-dev checkpoint (the current model if none) and log a test row."""
-        best = self.checkpoints / BEST
         distributed.barrier()  # rank 0 has written best.pt
-        if best.exists():
-            self.model.load_state_dict(load_checkpoint(best, self.device)["model"])
-        summary = self.evaluate(batches, "test")
+        load_best(self.model, self.checkpoints, self.device)
+        summary = self.evaluate(batches, TEST)
         summary.pop("tokens_per_s", None)  # eval speed is not training throughput
-        self.metrics.append(self.step, "test", summary)
+        self.metrics.append(self.step, TEST, summary)
         return summary
 
     # ------------------------------------------------------------------ one update
@@ -379,14 +379,14 @@ class Trainer:
     def _log_train(self, lr: float) -> None:
         summary = distributed.reduce_running(self.window).summary()
         self.metrics.append(
-            self.step, "train", {**summary, "lr": lr, "elapsed_s": self.train_seconds}
+            self.step, TRAIN, {**summary, "lr": lr, "elapsed_s": self.train_seconds}
         )
         self.window = Running()
 
     def _evaluate_dev(self, dev: Iterable[Any]) -> str:
-        summary = self.evaluate(dev, "dev")
+        summary = self.evaluate(dev, DEV)
         summary.pop("tokens_per_s", None)  # eval speed is not training throughput
-        self.metrics.append(self.step, "dev", {**summary, "elapsed_s": self.train_seconds})
+        self.metrics.append(self.step, DEV, {**summary, "elapsed_s": self.train_seconds})
         value = summary.get(self.config.monitor, summary["loss"])
         # NaN logits still give an accuracy (argmax picks some class): the loss decides.
         bad = [k for k in ("loss", self.config.monitor) if not math.isfinite(summary.get(k, 0.0))]
