@@ -16,12 +16,13 @@ from nyscli.attention.reformer import ReformerAttention
 # Configs small enough that every approximation is really exercised at n of a few dozen.
 SMALL = {
     "nystrom": {"num_landmarks": 4},
+    "nystrom_local": {"num_landmarks": 2, "window": 3, "heavy_keys": 1},
     "linformer": {"proj_dim": 4, "max_seq_len": 64},
     "longformer": {"window": 5, "global_tokens": 1},
     "performer": {"num_features": 16},
     "reformer": {"bucket_size": 4},
 }
-NOT_CAUSAL = ("nystrom", "linformer", "reformer")
+NOT_CAUSAL = ("nystrom", "nystrom_local", "linformer", "reformer")
 CAUSAL_OK = ("softmax", "softmax_naive", "longformer", "linear", "performer")
 
 
@@ -438,7 +439,9 @@ def test_bad_options_name_the_value_and_what_is_allowed(config, message):
         build_attention(config)
 
 
-@pytest.mark.parametrize("name", ["linear", "linformer", "longformer", "performer", "reformer"])
+@pytest.mark.parametrize(
+    "name", ["linear", "linformer", "longformer", "nystrom_local", "performer", "reformer"]
+)
 def test_yaml_lists_exactly_the_options(name):
     import inspect
     from pathlib import Path

@@ -79,13 +79,14 @@ def test_every_core_declares_its_options_and_budget_key():
         "linformer": "proj_dim",
         "longformer": "window",
         "nystrom": "num_landmarks",
+        "nystrom_local": "num_landmarks",
         "performer": "num_features",
         "reformer": "n_hashes",
         "softmax": None,
         "softmax_naive": None,
     }
     not_causal = {n for n in available() if isinstance(core_class(n).options["causal"], Fixed)}
-    assert not_causal == {"nystrom", "linformer", "reformer"}
+    assert not_causal == {"nystrom", "nystrom_local", "linformer", "reformer"}
     assert isinstance(core_class("nystrom").options["pinv"], Choice)
 
 

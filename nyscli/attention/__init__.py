@@ -11,6 +11,7 @@ from nyscli.attention import (  # noqa: F401  (registers the cores)
     linformer,
     longformer,
     nystrom,
+    nystrom_local,
     performer,
     reformer,
     softmax,
@@ -24,7 +25,9 @@ from nyscli.attention.registry import (
     budget_key,
     build_attention,
     check_config,
+    config_at_pairs,
     core_class,
+    pairs_per_query,
 )
 
 __all__ = [
@@ -37,5 +40,7 @@ __all__ = [
     "build_attention",
     "check_config",
     "check_width",
+    "config_at_pairs",
     "core_class",
+    "pairs_per_query",
 ]

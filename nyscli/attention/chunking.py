@@ -1,4 +1,4 @@
-"""Running a core on groups of heads, to bound the size of its per-head temporaries."""
+"""Running a core on groups of heads (to bound its per-head temporaries) or of sequences."""
 
 from __future__ import annotations
 
@@ -36,3 +36,36 @@ def in_head_groups(
         for i in range(0, h, group)
     ]
     return torch.cat(parts, dim=1)
+
+
+def by_length(
+    approximate: Core,
+    exact: Core,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_padding_mask: Tensor | None,
+    limit: int,
+) -> Tensor:
+    """``exact`` for the sequences with at most ``limit`` real tokens, ``approximate`` for the
+    rest; (B, H, n, d) -> (B, H, n, d).
+
+    Deciding from the real tokens, not the padded length, means padding a batch never changes
+    a sequence's output.
+    """
+    if q.shape[2] <= limit:
+        return exact(q, k, v, key_padding_mask)
+    if key_padding_mask is None:
+        return approximate(q, k, v, None)
+    short = key_padding_mask.sum(dim=1) <= limit  # (B,)
+    if not short.any():
+        return approximate(q, k, v, key_padding_mask)
+    if short.all():
+        return exact(q, k, v, key_padding_mask)
+    long = ~short
+    approx = approximate(q[long], k[long], v[long], key_padding_mask[long])
+    exact_part = exact(q[short], k[short], v[short], key_padding_mask[short])
+    out = approx.new_empty((q.shape[0], *approx.shape[1:]))
+    out[long] = approx
+    out[short] = exact_part.to(out.dtype)
+    return out

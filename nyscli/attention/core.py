@@ -4,6 +4,11 @@ A core is an ``nn.Module`` whose ``forward(q, k, v, key_padding_mask=None)`` map
 q, k, v: (B, H, n, d) and a bool key_padding_mask: (B, n) (True = real token) to (B, H, n, d).
 It declares ``options`` (each constructor argument -> a rule) and ``budget_key`` (the option
 that sets its cost; None for exact attention), and names itself in tables with ``label()``.
+
+Budgets compare at equal cost as *scored query-key pairs per query* (``pairs()``; the inverse,
+``at_pairs``, gives a core's options at a budget): Nyström-m 2m (m landmark keys in F, m
+landmark queries in Bk), a window w its w - 1 neighbours, the hybrid w - 1 + 2m + g, Linformer
+and Performer their projections or features. This is the one place the rule is written.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from nyscli.attention.errors import option
+from nyscli.attention.errors import AttentionConfigError, option
 from nyscli.rules import Bool, Rule
 
 
@@ -24,6 +29,15 @@ class Core(nn.Module):
 
     def label(self) -> str:
         raise NotImplementedError
+
+    def pairs(self) -> int | None:
+        """Scored query-key pairs per query (see the module doc); None = exact (all n)."""
+        return None
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        """The options (besides defaults) that give this core a budget of ``pairs``."""
+        raise AttentionConfigError(f"attention '{cls.registry_name}' has no budget to set")
 
 
 class CausalOnlyCore(Core):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +47,13 @@ class LinformerAttention(Core):
 
     def label(self) -> str:
         return f"linformer-{self.proj_dim}"
+
+    def pairs(self) -> int:
+        return self.proj_dim
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        return {"proj_dim": pairs}
 
     @torch.no_grad()
     def init_for_conversion(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,68 @@ def _windows(x: Tensor, left: int, right: int, span: int, step: int) -> Tensor:
     Returns (B, H, n_blocks, span, d); window t covers padded positions [t*step, t*step+span).
     """
     return F.pad(x, (0, 0, left, right)).unfold(2, span, step).transpose(-1, -2)
+
+
+@dataclass(frozen=True)
+class Band:
+    """Where the band |i - j| <= radius of n tokens puts its keys, query block by query block.
+
+    Queries are cut into ``n_blocks`` blocks of ``block``; block t scores the ``span`` keys
+    [t*block - radius, (t+1)*block + radius) (the ends padded), so band scores take
+    O(n * (block + 2 radius)) memory. Shared by Longformer and the Nyström-local hybrid.
+    """
+
+    n: int
+    radius: int
+    block: int
+
+    @classmethod
+    def of(cls, n: int, window: int) -> Band:
+        """The band of an odd ``window`` over n tokens (a wider band reaches nothing more)."""
+        radius = min((window - 1) // 2, n - 1)
+        return cls(n, radius, min(max(radius, MIN_BLOCK), n))
+
+    @property
+    def span(self) -> int:
+        return self.block + 2 * self.radius
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n // self.block)
+
+    @property
+    def right(self) -> int:
+        """Zero keys padded after the last token (the left pad is ``radius``)."""
+        return self.n_blocks * self.block - self.n + self.radius
+
+    def queries(self, x: Tensor) -> Tensor:
+        """x: (B, H, n, d) -> query blocks (B, H, n_blocks, block, d), the end zero-padded."""
+        b, h, _, d = x.shape
+        return F.pad(x, (0, 0, 0, self.right - self.radius)).view(
+            b, h, self.n_blocks, self.block, d
+        )
+
+    def keys(self, x: Tensor) -> Tensor:
+        """x: (B, H, n, d) -> the keys (or values) of each block, (B, H, n_blocks, span, d)."""
+        return _windows(x, self.radius, self.right, self.span, self.block)
+
+    def keep(self, key_ok: Tensor, causal: bool = False) -> Tensor:
+        """Which band entries count: (B, 1, n_blocks, block, span) bool, from key_ok (B or 1,
+        n) (True = a key the band may use) and the band's offsets (left half if causal)."""
+        device = key_ok.device
+        ok = F.pad(key_ok, (self.radius, self.right), value=False)
+        ok = ok.unfold(1, self.span, self.block)[:, None, :, None, :]  # (B, 1, blocks, 1, span)
+        offset = (
+            torch.arange(self.span, device=device)
+            - torch.arange(self.block, device=device)[:, None]
+        )
+        band = (offset >= 0) & (offset <= (self.radius if causal else 2 * self.radius))
+        return band & ok
+
+    def unblock(self, x: Tensor) -> Tensor:
+        """(B, H, n_blocks, block, d) -> (B, H, n, d), dropping the padded queries."""
+        b, h = x.shape[:2]
+        return x.reshape(b, h, self.n_blocks * self.block, x.shape[-1])[:, :, : self.n]
 
 
 @register("longformer")
@@ -58,6 +122,13 @@ class LongformerAttention(Core):
     def label(self) -> str:
         return f"longformer-{self.window}"
 
+    def pairs(self) -> int:
+        return self.window - 1 + self.global_tokens
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        return {"window": pairs + 1 - pairs % 2}  # odd: the token and pairs/2 on each side
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
@@ -67,22 +138,15 @@ class LongformerAttention(Core):
         budget: at n = 8192 and 12 heads this cuts the peak from ~440 MB to ~100 MB.
         """
         check_qkv(q, k, v, key_padding_mask)
-        n = q.shape[2]
-        radius = min((self.window - 1) // 2, n - 1)
-        block = min(max(radius, MIN_BLOCK), n)
-        band_entries = n * (block + 2 * radius + min(self.global_tokens, n))
+        band = Band.of(q.shape[2], self.window)
+        band_entries = band.n * (band.span + min(self.global_tokens, band.n))
         return in_head_groups(self._attend, q, k, v, key_padding_mask, band_entries)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """The banded attention of all given heads at once; shapes as in ``forward``."""
-        b, h, n, d = q.shape
-        scale = 1.0 / math.sqrt(d)
-        radius = min((self.window - 1) // 2, n - 1)  # a wider band reaches nothing more
+        n = q.shape[2]
+        band = Band.of(n, self.window)
         n_global = min(self.global_tokens, n)
-        block = min(max(radius, MIN_BLOCK), n)
-        span = block + 2 * radius  # keys [t*block - radius, (t+1)*block + radius) for block t
-        n_blocks = -(-n // block)
-        left, right = radius, n_blocks * block - n + radius
         real = (
             torch.ones(1, n, dtype=torch.bool, device=q.device)
             if key_padding_mask is None
@@ -90,27 +154,22 @@ class LongformerAttention(Core):
         )
         positions = torch.arange(n, device=q.device)
 
-        q_blocks = F.pad(q, (0, 0, 0, right - radius)).view(b, h, n_blocks, block, d)
-        scores = q_blocks @ _windows(k, left, right, span, block).transpose(-1, -2) * scale
+        q_blocks = band.queries(q)
+        scores = q_blocks @ band.keys(k).transpose(-1, -2) / math.sqrt(q.shape[-1])
         # Global keys are scored in their own columns below; dropping them from the band keeps
         # them from being counted twice.
-        key_ok = F.pad(real & (positions >= n_global), (left, right), value=False)
-        key_ok = key_ok.unfold(1, span, block)[:, None, :, None, :]  # (B, 1, blocks, 1, span)
-        offset = torch.arange(span, device=q.device) - torch.arange(block, device=q.device)[:, None]
-        band = (offset >= 0) & (offset <= (radius if self.causal else 2 * radius))
-        keep = band & key_ok  # (B, 1, blocks, block, span): O(n * window)
+        keep = band.keep(real & (positions >= n_global), self.causal)  # O(n * window)
         if n_global > 0:
             g_scores, g_keep = self._global_columns(q_blocks, k, real, n_global)
             scores = torch.cat([scores, g_scores], dim=-1)
             keep = torch.cat([keep, g_keep], dim=-1)
         # Masking in place keeps a single score-sized buffer besides the weights.
         weights = torch.softmax(scores.masked_fill_(~keep, torch.finfo(scores.dtype).min), -1)
-        out = weights[..., :span] @ _windows(v, left, right, span, block)
+        out = weights[..., : band.span] @ band.keys(v)
         if n_global > 0:
-            out = out + weights[..., span:] @ v[:, :, None, :n_global]
+            out = out + weights[..., band.span :] @ v[:, :, None, :n_global]
         # A query with nothing to attend to (a pad amid pads) gets zeros, not a uniform mean.
-        out = out * keep.any(dim=-1, keepdim=True)
-        out = out.reshape(b, h, n_blocks * block, v.shape[-1])[:, :, :n]
+        out = band.unblock(out * keep.any(dim=-1, keepdim=True))
         if n_global == 0:
             return out
         return torch.cat([self._global_rows(q, k, v, real, n_global), out[:, :, n_global:]], 2)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nyscli.attention.chunking import by_length
 from nyscli.attention.core import Core, configure
 from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import (
@@ -83,6 +85,13 @@ class NystromAttention(Core):
         suffix = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
         return f"nystrom-{self.num_landmarks}{suffix}"
 
+    def pairs(self) -> int:
+        return 2 * self.num_landmarks
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        return {"num_landmarks": max(1, pairs // 2)}
+
     def pseudo_inverse(self, a: Tensor) -> Tensor:
         """pinv of the landmark kernel a: (B, H, m, m), in float32 or wider."""
         if self.pinv == "exact":
@@ -143,26 +152,12 @@ class NystromAttention(Core):
 
         A sequence with at most m real tokens gets exact attention: every real token would be
         its own landmark, where Nyström equals softmax attention (Lemma 2) but the iterative
-        pseudo-inverse leaves a few % of error. Deciding from the real tokens, not the padded
-        length, means padding a batch never changes a sequence's output.
+        pseudo-inverse leaves a few % of error (see ``by_length``).
         """
         check_qkv(q, k, v, key_padding_mask)
-        if self.num_landmarks >= q.shape[2]:
-            return self.exact(q, k, v, key_padding_mask)
-        if key_padding_mask is None:
-            return self.approximate(q, k, v, None)
-        short = key_padding_mask.sum(dim=1) <= self.num_landmarks  # (B,)
-        if not short.any():
-            return self.approximate(q, k, v, key_padding_mask)
-        if short.all():
-            return self.exact(q, k, v, key_padding_mask)
-        long = ~short
-        approx = self.approximate(q[long], k[long], v[long], key_padding_mask[long])
-        exact = self.exact(q[short], k[short], v[short], key_padding_mask[short])
-        out = approx.new_empty((q.shape[0], *approx.shape[1:]))
-        out[long] = approx
-        out[short] = exact.to(out.dtype)
-        return out
+        return by_length(
+            self.approximate, self.exact, q, k, v, key_padding_mask, self.num_landmarks
+        )
 
     def approximate(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None

@@ -96,6 +96,13 @@ class PerformerAttention(Core):
     def label(self) -> str:
         return f"performer-{self.num_features}"
 
+    def pairs(self) -> int:
+        return self.num_features
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        return {"num_features": pairs}
+
     def redraw_features(self, head_dim: int, device: torch.device | None = None) -> None:
         """Replace W by the generator's next draw, (num_features, head_dim) in float32."""
         w = orthogonal_gaussian(self.num_features, head_dim, self.generator)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +87,13 @@ class ReformerAttention(Core):
 
     def label(self) -> str:
         return f"reformer-{self.n_hashes}"
+
+    def pairs(self) -> int:
+        return 2 * self.bucket_size * self.n_hashes  # its chunk and the one before, per round
+
+    @classmethod
+    def at_pairs(cls, pairs: int) -> dict[str, Any]:
+        return {"n_hashes": max(1, pairs // (2 * 64)), "bucket_size": 64}
 
     def num_buckets(self, n: int) -> int:
         """Buckets per round: 1 if one chunk holds everything, else 2 n / bucket_size (even)."""

@@ -116,6 +116,22 @@ def budget(config: Mapping[str, Any]) -> int | None:
     return inspect.signature(core_class(str(config["name"]))).parameters[key].default
 
 
+def pairs_per_query(config: Mapping[str, Any]) -> int | None:
+    """The budget of the core ``config`` describes in scored query-key pairs per query (the
+    core's ``pairs()``, read from its options and class defaults without building it), or
+    None for exact attention."""
+    cls, kwargs = core_options(config)
+    options = inspect.signature(cls).bind(**kwargs)
+    options.apply_defaults()
+    return cls.pairs(SimpleNamespace(**options.arguments))
+
+
+def config_at_pairs(name: str, pairs: int) -> dict[str, Any]:
+    """The config of core ``name`` at a budget of ``pairs`` scored pairs per query (its
+    ``at_pairs``); an error for a core without a budget."""
+    return {"name": name, **core_class(name).at_pairs(pairs)}
+
+
 def build_attention(config: Mapping[str, Any]) -> nn.Module:
     """Build the core described by ``config`` (``name`` plus the core's keyword arguments)."""
     cls, kwargs = core_options(config)

@@ -1,0 +1,140 @@
+"""The Nyström-local hybrid against its formula written out with n x n matrices (float64)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nyscli.attention import build_attention, config_at_pairs, pairs_per_query
+from nyscli.attention.pinv import iterative_pinv
+from nyscli.experiments.approx_error.methods import implied_matrix
+
+
+def qkv(b: int, h: int, n: int, d: int, seed: int = 0):
+    """Position-correlated q, k (a random walk along n) so landmarks carry information."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64).cumsum(2) / 4 for _ in "qk")
+    return q, k, torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+
+
+def hybrid(**options):
+    return build_attention({"name": "nystrom_local", **options}).double()
+
+
+def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6):
+    """One head, no padding, m dividing n: the formula of the class doc with dense matrices.
+
+    W = exp(S) on the band and the g heavy keys, K~ = F pinv(A) B elsewhere (zeroed for a
+    query whose K~ mass off the support is not positive); out = W v / W 1.
+    """
+    n, d = q.shape
+    s = q @ k.T / math.sqrt(d)
+    q_land = q.view(m, n // m, d).mean(1)
+    k_land = k.view(m, n // m, d).mean(1)
+    land = q_land @ k.T / math.sqrt(d)
+    shift = land.amax(-1, keepdim=True)
+    b = torch.exp(land - shift)
+    a = torch.exp(q_land @ k_land.T / math.sqrt(d) - shift)
+    kernel = torch.exp(q @ k_land.T / math.sqrt(d)) @ iterative_pinv(a, iterations) @ b
+    pos = torch.arange(n)
+    support = (pos[:, None] - pos[None, :]).abs() <= (window - 1) // 2
+    support[:, b.amax(0).topk(g).indices] = True
+    outside = torch.where(support, 0.0, kernel)
+    outside = outside * (outside.sum(-1, keepdim=True) > 0)
+    w = torch.where(support, torch.exp(s), outside)
+    return w @ v / w.sum(-1, keepdim=True), w / w.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(("m", "window", "g"), [(4, 5, 0), (4, 9, 3), (8, 3, 6), (2, 1, 0)])
+def test_output_equals_the_dense_formula(m, window, g):
+    q, k, v = qkv(1, 2, 32, 6, seed=1)
+    out = hybrid(num_landmarks=m, window=window, heavy_keys=g)(q, k, v)
+    for h in range(2):
+        expected, _ = reference(q[0, h], k[0, h], v[0, h], m, window, g)
+        torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize(("n", "m", "window"), [(9, 4, 9), (9, 4, 65), (6, 8, 3), (6, 6, 1)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_window_or_landmarks_covering_n_is_exact_softmax(n, m, window, masked):
+    q, k, v = qkv(2, 3, n, 5, seed=2)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    if masked:
+        mask[1, n // 2 :] = False
+    out = hybrid(num_landmarks=m, window=window)(q, k, v, mask if masked else None)
+    s = (q @ k.transpose(-1, -2) / math.sqrt(5)).masked_fill(~mask[:, None, None, :], -math.inf)
+    torch.testing.assert_close(out, torch.softmax(s, -1) @ v, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("g", [0, 3])
+def test_band_entries_are_exact_attention_restricted_to_the_band(g):
+    """Within a query's band the implied weights are exp(s_ij) / one normaliser: renormalised
+    over the band they equal softmax attention with the band mask (Longformer's formula)."""
+    n, window = 40, 9
+    q, k, _ = qkv(1, 2, n, 4, seed=3)
+    s_hat = implied_matrix(hybrid(num_landmarks=4, window=window, heavy_keys=g), q, k, None)
+    pos = torch.arange(n)
+    band = (pos[:, None] - pos[None, :]).abs() <= (window - 1) // 2
+    s = (q @ k.transpose(-1, -2) / math.sqrt(4)).masked_fill(~band, -math.inf)
+    on_band = s_hat * band
+    torch.testing.assert_close(
+        on_band / on_band.sum(-1, keepdim=True), torch.softmax(s, -1), rtol=0, atol=1e-12
+    )
+    assert (s_hat * ~band).abs().max() > 1e-3  # the rest is really estimated, not zero
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_implied_matrix_rows_sum_to_one(masked):
+    n = 45  # m does not divide n: unequal segments
+    q, k, _ = qkv(2, 2, n, 4, seed=4)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, 30:] = False
+    core = hybrid(num_landmarks=4, window=7, heavy_keys=3)
+    s_hat = implied_matrix(core, q, k, mask if masked else None)
+    rows = s_hat.sum(-1)
+    real = mask[:, None, :].expand_as(rows) if masked else torch.ones_like(rows, dtype=torch.bool)
+    torch.testing.assert_close(rows[real], torch.ones_like(rows[real]), rtol=0, atol=1e-12)
+    if masked:  # padded keys get exactly zero weight
+        assert s_hat[1][..., 30:].abs().max() == 0
+
+
+def test_padding_never_changes_a_sequence():
+    """A sequence right-padded inside a longer batch gives its unpadded output on real rows,
+    whether its batch neighbour takes the approximate path or the exact one."""
+    core = hybrid(num_landmarks=4, window=7, heavy_keys=3)
+    q, k, v = qkv(3, 2, 50, 4, seed=5)
+    lengths = (50, 37, 6)  # 6 <= window: exact softmax
+    mask = torch.arange(50)[None, :] < torch.tensor(lengths)[:, None]
+    batched = core(q, k, v, mask)
+    for i, n in enumerate(lengths):
+        alone = core(q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n])
+        torch.testing.assert_close(batched[i : i + 1, :, :n], alone, rtol=1e-10, atol=1e-12)
+
+
+def test_gradients_match_finite_differences_on_the_approximate_path():
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 24, 3, seed=6))
+    mask = torch.ones(1, 24, dtype=torch.bool)
+    mask[0, 20:] = False
+    core = hybrid(num_landmarks=3, window=5, heavy_keys=2)
+    assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c, mask), (q, k, v))
+
+
+@pytest.mark.parametrize("pairs", [32, 64, 128, 256])
+@pytest.mark.parametrize("name", ["nystrom", "longformer", "nystrom_local", "linformer"])
+def test_a_budget_in_pairs_gives_that_many_pairs(name, pairs):
+    assert pairs_per_query(config_at_pairs(name, pairs)) == pairs
+
+
+def test_budget_128_is_nystrom_64_longformer_129_and_the_measured_hybrid_split():
+    assert config_at_pairs("nystrom", 128)["num_landmarks"] == 64
+    assert config_at_pairs("longformer", 128)["window"] == 129
+    assert config_at_pairs("nystrom_local", 128) == {
+        "name": "nystrom_local",
+        "window": 65,
+        "num_landmarks": 16,
+        "heavy_keys": 32,
+    }
+    assert pairs_per_query({"name": "nystrom_local", "window": 65, "num_landmarks": 32}) == 160
+    assert pairs_per_query({"name": "softmax"}) is None
