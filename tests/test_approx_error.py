@@ -154,7 +154,7 @@ def test_padding_changes_no_metric_of_any_method() -> None:
     cropped = sources.AttentionInputs(*(x[:, :, :real] for x in (full.q, full.k, full.v)))
     attention = {"name": "nystrom", "pinv": "iterative", "pinv_iterations": 6}
     methods = ["nystrom", "nystrom_random", "nystrom_kmeans", "linformer", "performer"]
-    methods += ["longformer", "linear"]
+    methods += ["longformer", "nystrom_local", "linear"]
 
     def scores(inputs: sources.AttentionInputs) -> pd.DataFrame:
         cores = {
@@ -169,6 +169,28 @@ def test_padding_changes_no_metric_of_any_method() -> None:
     left, right = scores(padded), scores(cropped)
     assert len(left) == len(right) > 0
     np.testing.assert_allclose(left["value"], right["value"], rtol=1e-7, atol=1e-12)
+
+
+def test_a_pairs_budget_costs_every_method_the_same(tmp_path: Path) -> None:
+    """budget_unit=pairs: Nyström at 16 pairs is Nyström-8 of the default unit, bit for bit;
+    rivals (the hybrid included) get the same pairs in both units."""
+    methods = "methods=[nystrom,longformer,nystrom_local]"
+    pairs = run(tmp_path, "budgets=[16]", "budget_unit=pairs", methods, "baselines=[]")
+    landmarks = run(tmp_path, "budgets=[8,16]", methods, "baselines=[]")
+    for method, m in (("nystrom", 8), ("longformer", 16), ("nystrom_local", 16)):
+        for metric in ("output_error", "matrix_error"):
+            np.testing.assert_array_equal(
+                value(pairs, method, metric, 16), value(landmarks, method, metric, m)
+            )
+    # The hybrid at 16 pairs: window 9 (8 neighbours), 2 landmarks (4 pairs), 4 heavy keys.
+    assert core_config("nystrom_local", 16, 64, {}, seed=0, unit="pairs") == {
+        "name": "nystrom_local",
+        "window": 9,
+        "num_landmarks": 2,
+        "heavy_keys": 4,
+    }
+    table = approx_error.render(pairs)
+    assert "pairs" in [column.header for column in table.columns]  # synthetic: one table
 
 
 def test_smooth_inputs_are_unit_variance_and_correlated_over_the_length() -> None:

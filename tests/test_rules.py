@@ -90,11 +90,14 @@ def test_every_core_declares_its_options_and_budget_key():
     assert isinstance(core_class("nystrom").options["pinv"], Choice)
 
 
-def test_deployment_budget_reads_the_declared_key_reformer_included():
-    """The deployment report once looked for num_hashes (Reformer's key is n_hashes): NaN."""
-    assert _budget({"name": "reformer", "n_hashes": 4}) == 4.0
-    assert _budget({"name": "reformer"}) == 2.0  # the class default
-    assert _budget({"name": "nystrom", "num_landmarks": 32}) == 32.0
+def test_deployment_budget_is_scored_pairs_per_query_reformer_included():
+    """The deployment report once looked for num_hashes (Reformer's key is n_hashes): NaN.
+    Its budget axis is scored pairs per query, so methods sit at equal cost."""
+    assert _budget({"name": "reformer", "n_hashes": 4}) == 4 * 2 * 64.0  # chunk + previous
+    assert _budget({"name": "reformer"}) == 2 * 2 * 64.0  # the class default
+    assert _budget({"name": "nystrom", "num_landmarks": 32}) == 64.0
+    assert _budget({"name": "longformer", "window": 129}) == 128.0
+    assert _budget({"name": "nystrom_local"}) == 128.0
     assert math.isnan(_budget({"name": "softmax"}))
     assert budget_key({"name": "longformer"}) == "window" and budget({"name": "linear"}) is None
 

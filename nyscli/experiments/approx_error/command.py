@@ -50,6 +50,7 @@ RULES: dict[str, schema.Rule] = {
     "plot_layer": schema.Int(low=0),
     "plot_head": schema.Int(low=0),
     "budgets": schema.IntList(low=1, null=True),
+    "budget_unit": schema.Choice(values=approx_methods.BUDGET_UNITS),
     "data.path": schema.Text(null=True),
     "dtype": schema.Choice(values=tuple(DTYPES)),
     "device": schema.DEVICE,
@@ -155,14 +156,17 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
 def build_cores(
     cfg: DictConfig, n: int, budget_list: list[int]
 ) -> dict[tuple[str, int | None], torch.nn.Module]:
-    """(label, budget) -> core for every requested method; unbudgeted methods once (None)."""
+    """(label, budget) -> core for every requested method; unbudgeted methods once (None).
+    A budget is Nyström's m, or with ``budget_unit=pairs`` scored pairs per query for all."""
     attention = OmegaConf.to_container(cfg.attention, resolve=True)
     cores: dict[tuple[str, int | None], torch.nn.Module] = {}
     for method in cfg.methods:
         label = approx_methods.method_label(method, attention)
         for m in [None] if method in approx_methods.UNBUDGETED else budget_list:
             if (label, m) not in cores:
-                config = approx_methods.core_config(method, m or 0, n, attention, cfg.seed)
+                config = approx_methods.core_config(
+                    method, m or 0, n, attention, cfg.seed, cfg.get("budget_unit", "landmarks")
+                )
                 cores[label, m] = approx_methods.build_core(config, cfg.seed)
     return cores
 
@@ -202,7 +206,8 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not with_matrix:
         console.print(f"[yellow]note:[/] n={n} too large for n x n matrices: no matrix_error")
     cores = build_cores(cfg, n, budget_list)
-    nystrom_m = cfg.attention.num_landmarks
+    unit = cfg.get("budget_unit", "landmarks")
+    nystrom_m = cfg.attention.num_landmarks * (2 if unit == "pairs" else 1)
     keep_budget = min(budget_list, key=lambda m: (abs(m - nystrom_m), m))
     example = (cfg.plot_layer, 0, cfg.plot_head)
 
@@ -238,17 +243,31 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     df["pinv_iterations"] = cfg.attention.pinv_iterations
     df["pinv_tolerance"] = cfg.attention.get("pinv_tolerance")
     df["seed"] = cfg.seed
+    df["budget_unit"] = unit
 
     if not cfg.plots:
         return df
     plots.error_vs_budget(df, run_dir / "error_vs_budget.png")
     plots.error_per_layer(
-        per_layer(df), run_dir / "error_per_layer.png", title=f"source={cfg.source}, n={n}"
+        per_layer(df),
+        run_dir / "error_per_layer.png",
+        title=f"source={cfg.source}, n={n}",
+        symbol=budget_symbol(df),
     )
     if "exact" in example_maps:
-        title = f"{cfg.source}: layer {example[0]}, head {example[2]}, n={n}; m={keep_budget}"
+        symbol = budget_symbol(df)
+        title = (
+            f"{cfg.source}: layer {example[0]}, head {example[2]}, n={n}; {symbol}={keep_budget}"
+        )
         plots.attention_maps(example_maps, run_dir / "attention_maps.png", title)
     return df
+
+
+def budget_symbol(df: pd.DataFrame) -> str:
+    """How the budget column is headed: ``m`` (Nyström's landmarks, the default unit) or
+    ``pairs`` (scored query-key pairs per query, ``budget_unit=pairs``)."""
+    units = set(df["budget_unit"]) if "budget_unit" in df else set()
+    return "pairs" if units == {"pairs"} else "m"
 
 
 def _cell(mean: float, std: float) -> str:
@@ -264,16 +283,16 @@ def render(df: pd.DataFrame) -> RenderableType:
     for a real model (several layers) a second table gives the output error per layer."""
     table = summary_table(df)
     layers = per_layer(df)
-    return table if layers.empty else Group(table, layer_table(layers))
+    return table if layers.empty else Group(table, layer_table(layers, budget_symbol(df)))
 
 
-def layer_table(layers: pd.DataFrame) -> Table:
+def layer_table(layers: pd.DataFrame, symbol: str = "m") -> Table:
     """``per_layer``'s frame as a table: one row per method and budget, one column per layer."""
     keys = [k for k in layers.columns if isinstance(k, str)]
     table = Table(title=f"mean {METRIC_LABELS['output_error']} per layer (over heads)")
     for key in keys:
         table.add_column(
-            "m" if key == "budget" else key, justify="left" if key != "budget" else "right"
+            symbol if key == "budget" else key, justify="left" if key != "budget" else "right"
         )
     for layer in layers.columns[len(keys) :]:
         table.add_column(f"layer {layer}", justify="right")
@@ -297,7 +316,7 @@ def summary_table(df: pd.DataFrame) -> Table:
     for key in run_keys:
         table.add_column(key, no_wrap=key == "job")  # the swept key=value, never cut
     table.add_column("method", no_wrap=True)
-    table.add_column("m", justify="right")
+    table.add_column(budget_symbol(df), justify="right")
     table.add_column("heads", justify="right")
     for metric in metrics:
         table.add_column(METRIC_LABELS[metric], justify="right")

@@ -2,8 +2,11 @@
 
 Every core is linear in V, so the n x n matrix it implicitly applies is Ŝ = core(q, k, I_n);
 ``implied_matrix`` computes it in column blocks to bound memory, for any registered core.
-Budget m means: Nyström landmarks, Linformer projected length k, Performer random features,
-Longformer window m + 1 (odd: m/2 neighbours each side), and rank m for the truncated SVD.
+Budget m means: Nyström landmarks, and for every other method m scored query-key pairs per
+query (the cores' own rule, ``config_at_pairs``: Linformer projected length k, Performer random
+features, Longformer window m + 1, the Nyström-local hybrid's band, landmarks and heavy keys),
+and rank m for the truncated SVD. ``budget_unit=pairs`` puts Nyström on the same scale (m/2
+landmarks), so every method of a row costs the same.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nyscli.attention import budget_key, build_attention, core_class
+from nyscli.attention import budget_key, build_attention, config_at_pairs, core_class
 from nyscli.errors import UserInputError
 from nyscli.rules import show
 
@@ -26,7 +29,9 @@ NYSTROM_VARIANTS: dict[str, str | None] = {
     "nystrom_random": "random",
     "nystrom_kmeans": "kmeans",
 }
-RIVALS = ("linformer", "performer", "longformer", "linear")
+RIVALS = ("linformer", "performer", "longformer", "nystrom_local", "linear")
+# landmarks: a budget is Nyström's m (the paper's axis); pairs: scored pairs per query for all.
+BUDGET_UNITS = ("landmarks", "pairs")
 BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
@@ -105,24 +110,32 @@ def check_distinct(methods: Sequence[str], attention: Mapping[str, Any]) -> None
 
 
 def core_config(
-    method: str, budget: int, n: int, attention: Mapping[str, Any], seed: int
+    method: str,
+    budget: int,
+    n: int,
+    attention: Mapping[str, Any],
+    seed: int,
+    unit: str = "landmarks",
 ) -> dict[str, Any]:
     """The ``build_attention`` config of ``method`` at budget m for sequences of length n.
 
     Nyström variants take every key of ``attention`` (pinv settings, k-means steps, ...) and
-    override the number and selection of landmarks.
+    override the number and selection of landmarks: m, or with ``unit="pairs"`` the landmarks
+    that cost m pairs. Every other method gets m pairs (``config_at_pairs``).
     """
     if method in NYSTROM_VARIANTS:
-        config = {**attention, budget_key(attention): budget}
+        landmarks = budget
+        if unit == "pairs":
+            landmarks = config_at_pairs("nystrom", budget)[budget_key(attention)]
+        config = {**attention, budget_key(attention): landmarks}
         if NYSTROM_VARIANTS[method] is not None:
             config["landmarks"] = NYSTROM_VARIANTS[method]
         return config
     if method not in METHODS:
         raise ValueError(f"unknown approximation method {method!r}")
     config: dict[str, Any] = {"name": method}
-    key = budget_key(config)
-    if key is not None:  # Longformer's window is odd: the token and m/2 neighbours each side
-        config[key] = budget + 1 - budget % 2 if method == "longformer" else budget
+    if budget_key(config) is not None:
+        config = config_at_pairs(method, budget)
     if method == "linformer":
         config["max_seq_len"] = n
     if method == "performer":

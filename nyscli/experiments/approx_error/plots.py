@@ -73,9 +73,11 @@ def with_exact_pinv_lines(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([summary, exact], ignore_index=True)
 
 
-def error_per_layer(layers: pd.DataFrame, path: Path, title: str = "") -> Path | None:
+def error_per_layer(
+    layers: pd.DataFrame, path: Path, title: str = "", symbol: str = "m"
+) -> Path | None:
     """Mean output error against the layer, one line per method and budget (``per_layer``'s
-    frame); None when there is nothing to plot (one layer only)."""
+    frame, budgets shown as ``<symbol>=``); None when there is nothing to plot (one layer)."""
     if layers.empty:
         return None
     keys = [k for k in layers.columns if isinstance(k, str)]
@@ -83,7 +85,7 @@ def error_per_layer(layers: pd.DataFrame, path: Path, title: str = "") -> Path |
     fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
     for row in layers.itertuples(index=False, name=None):
         label = ", ".join(
-            f"m={v}" if k == "budget" else str(v)
+            f"{symbol}={v}" if k == "budget" else str(v)
             for k, v in zip(keys, row[: len(keys)], strict=True)
             if not pd.isna(v)
         )

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 from torch.utils.data import Subset
 
-from nyscli.attention import attention_label, budget
+from nyscli.attention import attention_label, pairs_per_query
 from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.data.subsets import ClassBalance
@@ -185,9 +185,10 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
 
 
 def _budget(attention: dict[str, Any]) -> float:
-    """The value of the core's declared budget option (landmarks, features, projection, window,
-    hashes); NaN for exact attention."""
-    value = budget(attention)
+    """The core's budget in scored query-key pairs per query (the one rule of
+    ``nyscli.attention.core``: Nyström-m 2m, window w - 1, the hybrid w - 1 + 2m + g, ...), so
+    methods sit at equal cost on one axis; NaN for exact attention."""
+    value = pairs_per_query(attention)
     return math.nan if value is None else float(value)
 
 
@@ -208,7 +209,7 @@ def deployment_plot(df: pd.DataFrame, path: Path) -> Path | None:
     majority = rows.majority_rate.iloc[0]
     ax.axhline(100 * majority, ls=":", color="grey", label="majority class")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget (landmarks / features / projection / window / hashes)")
+    ax.set_xlabel("budget (scored query-key pairs per query)")
     ax.set_ylabel(f"{rows.split.iloc[0]} accuracy (%)")
     ax.set_title(f"Direct deployment: {rows.task.iloc[0]}, attention swapped, no retraining")
     ax.legend(fontsize=8)
