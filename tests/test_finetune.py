@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from nyscli.checkpoints.pretrained import load_pretrained, save_pretrained
+from nyscli.data.pairs import EncodedExamples
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune import command as finetune
 from nyscli.experiments.finetune.command import render, schedule, validate
@@ -286,6 +287,27 @@ def test_task_option_selects_the_finetune_task_group(run_nys):
     cfg = OmegaConf.create(done.stdout)
     assert cfg.task.name == "mnli" and cfg.command == "finetune" and cfg.epochs == 4
     assert cfg.trainer.lr == 3e-5 and cfg.trainer.batch_size == 32
+    assert cfg.trainer.bucket == 8  # conf/trainer/finetune.yaml: length-bucketed batches
+
+
+def test_evaluation_batches_are_the_seeded_subset_shortest_first() -> None:
+    """by_length(d, k): the very examples evaluation_subset draws (stratified, seeded), in
+    order of length, labels carried along; k None or >= n: all of them."""
+    from nyscli.data.common import RaggedSequences
+    from nyscli.data.subsets import evaluation_subset
+    from nyscli.experiments.finetune.evaluate import by_length
+
+    rng = np.random.default_rng(1)
+    lengths, labels = rng.integers(1, 60, 200), rng.integers(0, 3, 200)
+    seqs = RaggedSequences.from_list([np.full(n, n, dtype=np.int32) for n in lengths], np.int32)
+    data = EncodedExamples(seqs, np.ones(200, dtype=np.int64), labels)
+    for limit in (None, 37, 500):
+        ordered = by_length(data, limit)
+        drawn = evaluation_subset(data, limit)
+        expected = getattr(drawn, "indices", range(200))
+        assert sorted(ordered.indices) == sorted(expected)
+        assert np.all(np.diff(lengths[ordered.indices]) >= 0)
+        assert np.array_equal(ordered.labels, labels[ordered.indices])
 
 
 def test_render_lays_runs_out_as_table_2() -> None:

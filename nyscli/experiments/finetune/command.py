@@ -266,14 +266,14 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
-    dev = eval_batches(encoded[devs[0]], eval_size, collate, settings.eval_examples)
+    dev = eval_batches(by_length(encoded[devs[0]], settings.eval_examples), eval_size, collate)
     dev_balance = class_balance("dev subset", dataset_labels(dev.dataset), num_classes(task))
     reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
     balance = class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
     fit = trainer.fit(train, dev, plan.checkpoint)
     # A capped run's final dev and test evaluations see at most the examples it trained on.
     final, test = final_scores(trainer, fit, encoded, devs, lambda d: eval_batches(
-        by_length(d), eval_size, collate, settings.held_out_size(None)))  # fmt: skip
+        by_length(d, settings.held_out_size(None)), eval_size, collate))  # fmt: skip
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))

@@ -28,7 +28,7 @@ from torch.utils.data import Subset
 from nyscli.attention import attention_label, pairs_per_query
 from nyscli.checkpoints.capture import names_attention
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
-from nyscli.data.subsets import ClassBalance
+from nyscli.data.subsets import ClassBalance, subset_indices
 from nyscli.errors import UserInputError
 from nyscli.experiments.finetune.model import (
     current_overrides,
@@ -105,11 +105,16 @@ def _evaluate(trainer: Trainer, batches: Iterable[Any]) -> dict[str, float]:
     return summary
 
 
-def by_length(dataset: EncodedExamples) -> Subset:
-    """The same examples, shortest first: a whole-set evaluation then pads each batch far less
-    (IMDB at 512 tokens: random batches pad to ~512, sorted ones to about each review's own
-    length), and the accuracy does not depend on the order."""
-    return Subset(dataset, np.argsort(dataset.seqs.lengths, kind="stable").tolist())
+def by_length(dataset: EncodedExamples, limit: int | None = None) -> Subset:
+    """The same examples (or the seeded, stratified sample of ``limit`` of them that
+    :func:`~nyscli.data.subsets.evaluation_subset` draws), shortest first: an evaluation then
+    pads each batch far less (IMDB at 512 tokens: random batches pad to ~512, sorted ones to
+    about each review's own length), and the accuracy does not depend on the order."""
+    index = subset_indices(len(dataset), limit, dataset.labels)
+    index = index[np.argsort(dataset.seqs.lengths[index], kind="stable")]
+    ordered = Subset(dataset, index.tolist())
+    ordered.labels = dataset.labels[index]  # type: ignore[attr-defined]  # dataset_labels
+    return ordered
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
