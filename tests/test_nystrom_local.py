@@ -56,6 +56,18 @@ def test_output_equals_the_dense_formula(m, window, g):
         torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
 
 
+def test_a_query_with_no_positive_mass_estimate_off_its_support_keeps_its_exact_part():
+    """Peaky scores (q, k x 3): one query's Nyström estimate of the mass off its band and
+    heavy keys is negative; it then attends over those keys alone, and the rest as before."""
+    q, k, v = (x[0, 0] for x in qkv(1, 1, 32, 6, seed=2))
+    q, k = 3 * q, 3 * k
+    out = hybrid(num_landmarks=4, window=5, heavy_keys=3)(*(x[None, None] for x in (q, k, v)))
+    expected, weights = reference(q, k, v, 4, 5, 3)
+    torch.testing.assert_close(out[0, 0], expected, rtol=1e-11, atol=1e-12)
+    sparse_only = (weights > 0).sum(-1) == 5 + 3  # the band (5 here) and 3 heavy keys
+    assert sparse_only.sum() == 1  # the guarded query, and only it
+
+
 @pytest.mark.parametrize(("n", "m", "window"), [(9, 4, 9), (9, 4, 65), (6, 8, 3), (6, 6, 1)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_window_or_landmarks_covering_n_is_exact_softmax(n, m, window, masked):

@@ -74,15 +74,18 @@ class Band:
     def keep(self, key_ok: Tensor, causal: bool = False) -> Tensor:
         """Which band entries count: (B, 1, n_blocks, block, span) bool, from key_ok (B or 1,
         n) (True = a key the band may use) and the band's offsets (left half if causal)."""
-        device = key_ok.device
         ok = F.pad(key_ok, (self.radius, self.right), value=False)
         ok = ok.unfold(1, self.span, self.block)[:, None, :, None, :]  # (B, 1, blocks, 1, span)
+        return self.reach(causal, key_ok.device) & ok
+
+    def reach(self, causal: bool = False, device: torch.device | None = None) -> Tensor:
+        """(block, span) bool: which keys of its block's span each query reaches, from the
+        offsets alone (the same for every block; the left half if causal)."""
         offset = (
             torch.arange(self.span, device=device)
             - torch.arange(self.block, device=device)[:, None]
         )
-        band = (offset >= 0) & (offset <= (self.radius if causal else 2 * self.radius))
-        return band & ok
+        return (offset >= 0) & (offset <= (self.radius if causal else 2 * self.radius))
 
     def unblock(self, x: Tensor) -> Tensor:
         """(B, H, n_blocks, block, d) -> (B, H, n, d), dropping the padded queries."""

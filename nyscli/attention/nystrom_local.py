@@ -4,10 +4,12 @@ low-rank, with Nyström as the low-rank part)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nyscli.attention.chunking import by_length, in_head_groups
@@ -20,6 +22,19 @@ from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
 from nyscli.rules import Int
+
+
+def per_query(x: Tensor, y: Tensor) -> Tensor:
+    """x: (B, H, nb, block, a) @ y: (B, H, a, c) -> (B, H, nb, block, c), as one product per
+    head: broadcasting y over the blocks would copy it once per block."""
+    b, h, nb, block, _ = x.shape
+    return (x.reshape(b, h, nb * block, -1) @ y).view(b, h, nb, block, -1)
+
+
+# Scores more than 80 below a query's largest are floored there before exp: CPU exp is 20-50x
+# slower where float32 results turn denormal or underflow (and on -inf), and e^-80 ~ 1e-35
+# of the largest weight changes nothing in any precision.
+EXP_FLOOR = -80.0
 
 
 @register("nystrom_local")
@@ -113,9 +128,23 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
-        # Four band-sized and a few (heavy, landmark)-sized temporaries per head.
-        entries = band.n * (4 * band.span + 3 * self.heavy_keys + 3 * self.num_landmarks)
-        return in_head_groups(self.approximate, q, k, v, mask, entries)
+        real = (
+            torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
+        )
+        # Which band entries count (not outside the band, not padded), shared by the heads and
+        # built once: as an additive -inf mask for the scores' maximum, and as -1/0 factors
+        # that zero the weights (exp itself runs on floored scores, see EXP_FLOOR).
+        keep = band.keep(real)
+        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~keep, -math.inf
+        )
+        masks = (bias, -keep.to(q.dtype))
+        # Three band-sized and a few (heavy, landmark)-sized temporaries per head.
+        entries = band.n * (3 * band.span + 3 * self.heavy_keys + 3 * self.num_landmarks)
+        core = functools.partial(self.approximate, band=band, masks=masks)
+        # V with a column of ones: one product then gives each query's output and normaliser.
+        v1 = F.pad(v, (0, 1), value=1.0)  # (B, H, n, d + 1)
+        return in_head_groups(core, q, k, v1, mask, entries)
 
     def landmark_side(
         self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor
@@ -153,70 +182,89 @@ class NystromLocalAttention(Core):
         is_real = real[:, None, :].expand(index.shape[0], index.shape[1], -1).gather(2, index)
         return index, is_real
 
-    def approximate(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
-        max(w, m) real tokens. Query blocks of ``Band`` keep every temporary O(n (w + m + g))."""
-        b, h, n, d = q.shape
-        band = Band.of(n, self.window)
-        real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
+    def approximate(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        band: Band,
+        masks: tuple[Tensor, Tensor],
+    ) -> Tensor:
+        """The hybrid for q, k: (B, H, n, d), v: (B, H, n, d_v + 1) (V and a column of ones)
+        -> (B, H, n, d_v), every sequence longer than max(w, m) real tokens; ``masks``:
+        ``band``'s entries that count, as an additive -inf mask and as -1/0 factors, each
+        (B or 1, 1, nb, block, span). Query blocks of ``band`` keep
+        every temporary O(n (w + m + g))."""
+        d = q.shape[-1]
+        real = (
+            torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
+        )
         k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
         index, heavy_real = self.heavy(b_kernel, real)
-        heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))[:, :, None]
-
-        scale = 1.0 / math.sqrt(d)
-        q_blocks = band.queries(q)  # (B, H, nb, block, d)
-        band_keep = band.keep(real)  # (B, 1, nb, block, span)
+        heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))  # (B, H, g, d)
+        q_blocks = band.queries(q / math.sqrt(d))  # (B, H, nb, block, d), scaled once
         # A heavy key inside a query's band is already scored there: not twice.
         position = torch.arange(band.n_blocks * band.block, device=q.device)
-        position = position.view(band.n_blocks, band.block, 1)
-        far = (index[:, :, None, None, :] - position).abs() > band.radius
-        heavy_keep = heavy_real[:, :, None, None, :] & far  # (B, H, nb, block, g)
-        exact_scores = [
-            (q_blocks @ band.keys(k).transpose(-1, -2) * scale).masked_fill(~band_keep, -math.inf),
-            (q_blocks @ heavy_k.transpose(-1, -2) * scale).masked_fill(~heavy_keep, -math.inf),
-        ]
-        land_scores = q_blocks @ k_land[:, :, None].transpose(-1, -2) * scale
+        far = (index[:, :, None, None, :] - position.view(band.n_blocks, band.block, 1)).abs()
+        heavy_keep = heavy_real[:, :, None, None, :] & (far > band.radius)  # (B,H,nb,block,g)
+        band_scores = (q_blocks @ band.keys(k).transpose(-1, -2)).add_(masks[0])
+        heavy_scores = per_query(q_blocks, heavy_k.transpose(-1, -2))
+        heavy_scores = heavy_scores.masked_fill(~heavy_keep, -math.inf)
+        land_scores = per_query(q_blocks, k_land.transpose(-1, -2))
         # One shift per query for both parts: it cancels in the ratio, so no gradient needed.
-        maxima = [s.amax(dim=-1) for s in (*exact_scores, land_scores) if s.shape[-1]]
-        shift = torch.stack(maxima).amax(0)  # heavy_keys=0 leaves an empty score block
-        shift = shift.detach()[..., None]
-        e_band, e_heavy = (torch.exp(s - shift) for s in exact_scores)
-        f = torch.exp(land_scores - shift)  # (B, H, nb, block, m)
+        scores = (band_scores, heavy_scores, land_scores)
+        shift = torch.stack([s.detach().amax(dim=-1) for s in scores if s.shape[-1]]).amax(0)
+        shift = shift[..., None]  # heavy_keys=0 leaves an empty score block, skipped above
+        # In place: the matmul that made the scores does not need them for its backward.
+        # Masked entries come out as e^EXP_FLOOR here; the -1/0 factors zero them below.
+        e_band = band_scores.sub_(shift).clamp_min_(EXP_FLOOR).exp_()
+        e_heavy = torch.exp((heavy_scores - shift).clamp_min(EXP_FLOOR)) * heavy_keep
+        f = torch.exp((land_scores - shift).clamp_min(EXP_FLOOR))  # (B, H, nb, block, m)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            p = (f.to(z.dtype) @ z[:, :, None]).to(f.dtype)  # F' pinv(A'), O(n m)
-        return self._combine(band, p, b_kernel, index, (band_keep, heavy_keep), e_band, e_heavy, v)
+            p = per_query(f.to(z.dtype), z).to(f.dtype)  # F' pinv(A'), O(n m)
+        return self._combine(band, p, b_kernel, (index, heavy_keep), masks[1], e_band, e_heavy, v)
 
     def _combine(
         self,
         band: Band,
         p: Tensor,
         b_kernel: Tensor,
-        index: Tensor,
-        keeps: tuple[Tensor, Tensor],
+        heavy: tuple[Tensor, Tensor],
+        neg_keep: Tensor,
         e_band: Tensor,
         e_heavy: Tensor,
         v: Tensor,
     ) -> Tensor:
         """One normaliser over the exact sparse part and Nyström's estimate of the rest.
 
-        p: F' pinv(A') (B, H, nb, block, m); b_kernel: B' (B, H, m, n); index: heavy keys
-        (B, H, g); keeps: band and heavy supports; e_*: exact kernels on them -> (B, H, n, d).
+        p: F' pinv(A') (B, H, nb, block, m); b_kernel: B' (B, H, m, n); heavy: the heavy keys
+        (B, H, g) and where they count (B, H, nb, block, g); neg_keep: -1 where a band entry
+        counts, else 0; e_*: exact kernels (the band's still to be masked); v: [V, 1]
+        (B, H, n, d_v + 1) -> (B, H, n, d_v).
+
+        K~ on the band needs only the band's shape (offsets within a block's span): B' is 0
+        at padded keys and at the zero-padded ends already. Its row sums come from m-sized
+        products (B'_window @ shape^T), so the gate is known before the one band-sized
+        product of K~ is formed, and a column of ones appended to V gives the normaliser
+        from the same product as the output. Band-sized results are updated in place where
+        autograd allows it (no product below needs its own output back): each fresh
+        allocation of that size costs page faults on CPU.
         """
-        band_keep, heavy_keep = keeps
-        d = v.shape[-1]
+        index, heavy_keep = heavy
+        shape = band.reach(device=p.device).to(p.dtype)  # (block, span)
+        b_windows = band.keys(b_kernel.transpose(-1, -2)).transpose(-1, -2)  # (B,H,nb,m,span)
         heavy_b = b_kernel.gather(3, index[:, :, None].expand(-1, -1, b_kernel.shape[2], -1))
-        # K~ on the sparse support, from the same factors as K~ V: the part to take out.
-        k_band = (p @ band.keys(b_kernel.transpose(-1, -2)).transpose(-1, -2)) * band_keep
-        k_heavy = (p @ heavy_b[:, :, None]) * heavy_keep
-        b_v = b_kernel @ v  # (B, H, m, d)
-        lr_out = p @ b_v[:, :, None]  # K~ V, (B, H, nb, block, d)
-        lr_mass = p @ b_kernel.sum(dim=-1)[:, :, None, :, None]  # K~ 1, (B, H, nb, block, 1)
-        outside = lr_mass - k_band.sum(-1, keepdim=True) - k_heavy.sum(-1, keepdim=True)
+        k_heavy = per_query(p, heavy_b) * heavy_keep  # K~ on the heavy keys
+        band_mass = (p * (b_windows @ shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
+        lr_mass = per_query(p, b_kernel.sum(dim=-1)[..., None])  # K~ 1, (B, H, nb, block, 1)
+        outside = lr_mass - band_mass[..., None] - k_heavy.sum(-1, keepdim=True)
         # A non-positive mass estimate outside the support: trust the exact part alone.
         gate = (outside > 0).to(p.dtype)
-        w_band = e_band - gate * k_band
+        w_band = ((p * gate) @ b_windows).sub_(e_band).mul_(neg_keep)  # (e - gated K~) keep
         w_heavy = e_heavy - gate * k_heavy
-        heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, d))[:, :, None]
-        num = w_band @ band.keys(v) + w_heavy @ heavy_v + gate * lr_out
-        den = e_band.sum(-1, keepdim=True) + e_heavy.sum(-1, keepdim=True) + gate * outside
-        return band.unblock(num / den.clamp_min(torch.finfo(den.dtype).tiny))
+        heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
+        out = (w_band @ band.keys(v)).add_(per_query(w_heavy, heavy_v))
+        out.add_(per_query(p * gate, b_kernel @ v))  # gated K~ [V, 1] off the support
+        den = out[..., -1:]  # >= the exact mass: gated K~ adds only a positive remainder
+        return band.unblock(out[..., :-1] / den.clamp_min(torch.finfo(den.dtype).tiny))
