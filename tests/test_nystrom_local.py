@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nyscli.attention import build_attention, config_at_pairs, pairs_per_query
+from nyscli.attention import build_attention, config_at_pairs, nystrom_local, pairs_per_query
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.experiments.approx_error.methods import implied_matrix
 
@@ -48,7 +48,11 @@ def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6):
 
 
 @pytest.mark.parametrize(("m", "window", "g"), [(4, 5, 0), (4, 9, 3), (8, 3, 6), (2, 1, 0)])
-def test_output_equals_the_dense_formula(m, window, g):
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_output_equals_the_dense_formula(m, window, g, chunk, monkeypatch):
+    """Also with the band cut into chunks of 1-2 query blocks (40 entries), as at large n."""
+    if chunk:
+        monkeypatch.setattr(nystrom_local, "CHUNK_ENTRIES", chunk)
     q, k, v = qkv(1, 2, 32, 6, seed=1)
     out = hybrid(num_landmarks=m, window=window, heavy_keys=g)(q, k, v)
     for h in range(2):

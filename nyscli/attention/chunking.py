@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 Core = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
@@ -31,11 +30,17 @@ def in_head_groups(
     group = max(1, budget // max(1, b * elements_per_head))
     if group >= h:
         return core(q, k, v, key_padding_mask)
-    parts = [
-        core(q[:, i : i + group], k[:, i : i + group], v[:, i : i + group], key_padding_mask)
-        for i in range(0, h, group)
-    ]
-    return torch.cat(parts, dim=1)
+    first = core(q[:, :group], k[:, :group], v[:, :group], key_padding_mask)
+    # Each group's result goes straight into the output: a list of parts and their
+    # concatenation would hold the output twice at the peak.
+    out = first.new_empty(b, h, *first.shape[2:])
+    out[:, :group] = first
+    del first
+    for i in range(group, h, group):
+        out[:, i : i + group] = core(
+            q[:, i : i + group], k[:, i : i + group], v[:, i : i + group], key_padding_mask
+        )
+    return out
 
 
 def by_length(

@@ -20,12 +20,15 @@ from nyscli.rules import Bool, Int
 MIN_BLOCK = 16
 
 
-def _windows(x: Tensor, left: int, right: int, span: int, step: int) -> Tensor:
-    """Overlapping windows along dim 2 of x: (B, H, n, d) padded by ``left``/``right`` zeros.
-
-    Returns (B, H, n_blocks, span, d); window t covers padded positions [t*step, t*step+span).
-    """
-    return F.pad(x, (0, 0, left, right)).unfold(2, span, step).transpose(-1, -2)
+def _rows(x: Tensor, start: int, stop: int) -> Tensor:
+    """Rows start..stop-1 of x: (B, H, n, d) along dim 2, zero rows where they fall outside
+    [0, n): a view of x when none does (no copy of a chunk in the middle)."""
+    n = x.shape[2]
+    low, high = max(start, 0), min(stop, n)
+    inside = x[:, :, low:high]
+    if (low, high) == (start, stop):
+        return inside
+    return F.pad(inside, (0, 0, low - start, stop - high))
 
 
 @dataclass(frozen=True)
@@ -60,16 +63,19 @@ class Band:
         """Zero keys padded after the last token (the left pad is ``radius``)."""
         return self.n_blocks * self.block - self.n + self.radius
 
-    def queries(self, x: Tensor) -> Tensor:
-        """x: (B, H, n, d) -> query blocks (B, H, n_blocks, block, d), the end zero-padded."""
-        b, h, _, d = x.shape
-        return F.pad(x, (0, 0, 0, self.right - self.radius)).view(
-            b, h, self.n_blocks, self.block, d
-        )
+    def queries(self, x: Tensor, first: int = 0, stop: int | None = None) -> Tensor:
+        """x: (B, H, n, d) -> query blocks first..stop-1 (all by default), (B, H, blocks,
+        block, d), the end zero-padded."""
+        stop = self.n_blocks if stop is None else stop
+        rows = _rows(x, first * self.block, stop * self.block)
+        return rows.unflatten(2, (stop - first, self.block))
 
-    def keys(self, x: Tensor) -> Tensor:
-        """x: (B, H, n, d) -> the keys (or values) of each block, (B, H, n_blocks, span, d)."""
-        return _windows(x, self.radius, self.right, self.span, self.block)
+    def keys(self, x: Tensor, first: int = 0, stop: int | None = None) -> Tensor:
+        """x: (B, H, n, d) -> the keys (or values) of blocks first..stop-1 (all by default),
+        (B, H, blocks, span, d): overlapping windows, a view where no end is padded."""
+        stop = self.n_blocks if stop is None else stop
+        rows = _rows(x, first * self.block - self.radius, stop * self.block + self.radius)
+        return rows.unfold(2, self.span, self.block).transpose(-1, -2)
 
     def keep(self, key_ok: Tensor, causal: bool = False) -> Tensor:
         """Which band entries count: (B, 1, n_blocks, block, span) bool, from key_ok (B or 1,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nyscli.attention.chunking import by_length, in_head_groups
@@ -30,6 +30,27 @@ def per_query(x: Tensor, y: Tensor) -> Tensor:
     b, h, nb, block, _ = x.shape
     return (x.reshape(b, h, nb * block, -1) @ y).view(b, h, nb, block, -1)
 
+
+@dataclass
+class Parts:
+    """What every query chunk of one head group shares: landmark keys k~ (B, H, m, d), Z =
+    pinv(A') (B, H, m, m), B' (B, H, m, n), B' V (B, H, m, d_v) and B' 1 (B, H, m, 1); the
+    heavy keys' indices and realness (B, H, g), keys (B, H, g, d) and values (B, H, g, d_v)."""
+
+    k_land: Tensor
+    z: Tensor
+    b_kernel: Tensor
+    b_v: Tensor
+    b_mass: Tensor
+    index: Tensor
+    heavy_real: Tensor
+    heavy_k: Tensor
+    heavy_v: Tensor
+
+
+# Band entries (queries x span x heads) scored at a time: 0.5 MB of fp32 per chunk, so
+# the band's temporaries stay a few MB at any n.
+CHUNK_ENTRIES = 2**17
 
 # Scores more than 80 below a query's largest are floored there before exp: CPU exp is 20-50x
 # slower where float32 results turn denormal or underflow (and on -inf), and e^-80 ~ 1e-35
@@ -131,20 +152,12 @@ class NystromLocalAttention(Core):
         real = (
             torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
         )
-        # Which band entries count (not outside the band, not padded), shared by the heads and
-        # built once: as an additive -inf mask for the scores' maximum, and as -1/0 factors
-        # that zero the weights (exp itself runs on floored scores, see EXP_FLOOR).
-        keep = band.keep(real)
-        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(
-            ~keep, -math.inf
-        )
-        masks = (bias, -keep.to(q.dtype))
-        # Three band-sized and a few (heavy, landmark)-sized temporaries per head.
-        entries = band.n * (3 * band.span + 3 * self.heavy_keys + 3 * self.num_landmarks)
-        core = functools.partial(self.approximate, band=band, masks=masks)
-        # V with a column of ones: one product then gives each query's output and normaliser.
-        v1 = F.pad(v, (0, 1), value=1.0)  # (B, H, n, d + 1)
-        return in_head_groups(core, q, k, v1, mask, entries)
+        core = functools.partial(self.approximate, band=band, keep=band.keep(real))
+        # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
+        # worth (the band is done in chunks): at large n one head at a time, so the peak
+        # stays a few MB above the output.
+        entries = band.n * (3 * self.num_landmarks + 2 * self.heavy_keys)
+        return in_head_groups(core, q, k, v, mask, entries, budget=2 * CHUNK_ENTRIES)
 
     def landmark_side(
         self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor
@@ -183,88 +196,113 @@ class NystromLocalAttention(Core):
         return index, is_real
 
     def approximate(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, keep: Tensor
+    ) -> Tensor:
+        """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
+        max(w, m) real tokens; ``keep``: which of ``band``'s entries count, (B or 1, 1, nb,
+        block, span). The band part runs over chunks of query blocks, so its temporaries
+        stay near ``CHUNK_ENTRIES`` whatever n; the rest is O(n (m + g))."""
+        b, h, n, d = q.shape
+        real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
+        k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
+        index, heavy_real = self.heavy(b_kernel, real)
+        parts = Parts(
+            k_land=k_land,
+            z=z,
+            b_kernel=b_kernel,
+            b_v=b_kernel @ v,  # (B, H, m, d_v): K~ V = p @ b_v
+            b_mass=b_kernel.sum(dim=-1)[..., None],  # (B, H, m, 1): K~ 1 = p @ b_mass
+            index=index,
+            heavy_real=heavy_real,
+            heavy_k=k.gather(2, index[..., None].expand(-1, -1, -1, d)),  # (B, H, g, d)
+            heavy_v=v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1])),
+        )
+        out = v.new_empty(b, h, n, v.shape[-1])
+        step = max(1, CHUNK_ENTRIES // (b * h * band.block * band.span))
+        for first in range(0, band.n_blocks, step):
+            stop = min(first + step, band.n_blocks)
+            rows = self.chunk(q, k, v, band, keep[:, :, first:stop], first, stop, parts)
+            start = first * band.block
+            rows = rows.flatten(2, 3)[:, :, : min(stop * band.block, n) - start]
+            out[:, :, start : start + rows.shape[2]] = rows
+        return out
+
+    def chunk(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        mask: Tensor | None,
         band: Band,
-        masks: tuple[Tensor, Tensor],
+        keep: Tensor,
+        first: int,
+        stop: int,
+        parts: Parts,
     ) -> Tensor:
-        """The hybrid for q, k: (B, H, n, d), v: (B, H, n, d_v + 1) (V and a column of ones)
-        -> (B, H, n, d_v), every sequence longer than max(w, m) real tokens; ``masks``:
-        ``band``'s entries that count, as an additive -inf mask and as -1/0 factors, each
-        (B or 1, 1, nb, block, span). Query blocks of ``band`` keep
-        every temporary O(n (w + m + g))."""
-        d = q.shape[-1]
-        real = (
-            torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
-        )
-        k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
-        index, heavy_real = self.heavy(b_kernel, real)
-        heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))  # (B, H, g, d)
-        q_blocks = band.queries(q / math.sqrt(d))  # (B, H, nb, block, d), scaled once
+        """Outputs (B, H, c, block, d_v) of query blocks first..stop-1 (c of them); keep: their
+        band entries that count (B or 1, 1, c, block, span)."""
+        q_blocks = band.queries(q, first, stop) / math.sqrt(q.shape[-1])  # (B, H, c, block, d)
         # A heavy key inside a query's band is already scored there: not twice.
-        position = torch.arange(band.n_blocks * band.block, device=q.device)
-        far = (index[:, :, None, None, :] - position.view(band.n_blocks, band.block, 1)).abs()
-        heavy_keep = heavy_real[:, :, None, None, :] & (far > band.radius)  # (B,H,nb,block,g)
-        band_scores = (q_blocks @ band.keys(k).transpose(-1, -2)).add_(masks[0])
-        heavy_scores = per_query(q_blocks, heavy_k.transpose(-1, -2))
+        position = torch.arange(first * band.block, stop * band.block, device=q.device)
+        far = (parts.index[:, :, None, None, :] - position.view(-1, band.block, 1)).abs()
+        heavy_keep = parts.heavy_real[:, :, None, None, :] & (far > band.radius)
+        band_scores = (q_blocks @ band.keys(k, first, stop).transpose(-1, -2)).masked_fill_(
+            ~keep, -math.inf
+        )  # in place: the product does not need its output for its backward
+        heavy_scores = per_query(q_blocks, parts.heavy_k.transpose(-1, -2))
         heavy_scores = heavy_scores.masked_fill(~heavy_keep, -math.inf)
-        land_scores = per_query(q_blocks, k_land.transpose(-1, -2))
+        land_scores = per_query(q_blocks, parts.k_land.transpose(-1, -2))
         # One shift per query for both parts: it cancels in the ratio, so no gradient needed.
         scores = (band_scores, heavy_scores, land_scores)
         shift = torch.stack([s.detach().amax(dim=-1) for s in scores if s.shape[-1]]).amax(0)
         shift = shift[..., None]  # heavy_keys=0 leaves an empty score block, skipped above
-        # In place: the matmul that made the scores does not need them for its backward.
-        # Masked entries come out as e^EXP_FLOOR here; the -1/0 factors zero them below.
+        # Masked entries come out as e^EXP_FLOOR here; multiplying by keep zeroes them below.
         e_band = band_scores.sub_(shift).clamp_min_(EXP_FLOOR).exp_()
         e_heavy = torch.exp((heavy_scores - shift).clamp_min(EXP_FLOOR)) * heavy_keep
-        f = torch.exp((land_scores - shift).clamp_min(EXP_FLOOR))  # (B, H, nb, block, m)
+        f = torch.exp((land_scores - shift).clamp_min(EXP_FLOOR))  # (B, H, c, block, m)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            p = per_query(f.to(z.dtype), z).to(f.dtype)  # F' pinv(A'), O(n m)
-        return self._combine(band, p, b_kernel, (index, heavy_keep), masks[1], e_band, e_heavy, v)
+            p = per_query(f.to(parts.z.dtype), parts.z).to(f.dtype)  # F' pinv(A'), O(n m)
+        windows = band.keys(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
+        weights = self._weights(band, p, windows, parts, heavy_keep, keep, e_band, e_heavy)
+        w_band, w_heavy, p_gated, den = weights
+        num = (w_band @ band.keys(v, first, stop)).add_(per_query(w_heavy, parts.heavy_v))
+        num.add_(per_query(p_gated, parts.b_v))  # gated K~ V off the support
+        return num / den.clamp_min(torch.finfo(den.dtype).tiny)
 
-    def _combine(
+    def _weights(
         self,
         band: Band,
         p: Tensor,
-        b_kernel: Tensor,
-        heavy: tuple[Tensor, Tensor],
-        neg_keep: Tensor,
+        windows: Tensor,
+        parts: Parts,
+        heavy_keep: Tensor,
+        keep: Tensor,
         e_band: Tensor,
         e_heavy: Tensor,
-        v: Tensor,
-    ) -> Tensor:
-        """One normaliser over the exact sparse part and Nyström's estimate of the rest.
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One normaliser over the exact sparse part and Nyström's estimate of the rest: the
+        band and heavy weights, F' pinv(A') gated, and the normaliser (B, H, c, block, 1).
 
-        p: F' pinv(A') (B, H, nb, block, m); b_kernel: B' (B, H, m, n); heavy: the heavy keys
-        (B, H, g) and where they count (B, H, nb, block, g); neg_keep: -1 where a band entry
-        counts, else 0; e_*: exact kernels (the band's still to be masked); v: [V, 1]
-        (B, H, n, d_v + 1) -> (B, H, n, d_v).
+        p: F' pinv(A') (B, H, c, block, m); windows: B' on each block's span (B, H, c, m,
+        span); e_*: exact kernels (the band's still to be masked by keep).
 
         K~ on the band needs only the band's shape (offsets within a block's span): B' is 0
-        at padded keys and at the zero-padded ends already. Its row sums come from m-sized
-        products (B'_window @ shape^T), so the gate is known before the one band-sized
-        product of K~ is formed, and a column of ones appended to V gives the normaliser
-        from the same product as the output. Band-sized results are updated in place where
-        autograd allows it (no product below needs its own output back): each fresh
-        allocation of that size costs page faults on CPU.
+        at padded keys and at the zero-padded ends already, so its row sums come from
+        m-sized products (windows @ shape^T) and the gate is known before the one band-sized
+        product of K~ is formed, in place.
         """
-        index, heavy_keep = heavy
         shape = band.reach(device=p.device).to(p.dtype)  # (block, span)
-        b_windows = band.keys(b_kernel.transpose(-1, -2)).transpose(-1, -2)  # (B,H,nb,m,span)
-        heavy_b = b_kernel.gather(3, index[:, :, None].expand(-1, -1, b_kernel.shape[2], -1))
+        heavy_b = parts.b_kernel.gather(
+            3, parts.index[:, :, None].expand(-1, -1, parts.b_kernel.shape[2], -1)
+        )
         k_heavy = per_query(p, heavy_b) * heavy_keep  # K~ on the heavy keys
-        band_mass = (p * (b_windows @ shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
-        lr_mass = per_query(p, b_kernel.sum(dim=-1)[..., None])  # K~ 1, (B, H, nb, block, 1)
+        band_mass = (p * (windows @ shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
+        lr_mass = per_query(p, parts.b_mass)  # K~ 1, (B, H, c, block, 1)
         outside = lr_mass - band_mass[..., None] - k_heavy.sum(-1, keepdim=True)
         # A non-positive mass estimate outside the support: trust the exact part alone.
         gate = (outside > 0).to(p.dtype)
-        w_band = ((p * gate) @ b_windows).sub_(e_band).mul_(neg_keep)  # (e - gated K~) keep
+        p_gated = p * gate
+        w_band = (p_gated @ windows).sub_(e_band).mul_(-keep.to(p.dtype))  # (e - K~) keep
         w_heavy = e_heavy - gate * k_heavy
-        heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
-        out = (w_band @ band.keys(v)).add_(per_query(w_heavy, heavy_v))
-        out.add_(per_query(p * gate, b_kernel @ v))  # gated K~ [V, 1] off the support
-        den = out[..., -1:]  # >= the exact mass: gated K~ adds only a positive remainder
-        return band.unblock(out[..., :-1] / den.clamp_min(torch.finfo(den.dtype).tiny))
+        # >= the exact mass: the gated K~ adds only a positive remainder.
+        den = w_band.sum(-1, keepdim=True) + w_heavy.sum(-1, keepdim=True) + gate * lr_mass
+        return w_band, w_heavy, p_gated, den
