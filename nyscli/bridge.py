@@ -62,7 +62,10 @@ log = logging.getLogger("nys")
 
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
-BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE)
+# Created exclusively (O_EXCL) in a folder given as hydra.run.dir / hydra.sweep.dir: of several
+# launches into one folder, at the same instant or later, exactly one gets it.
+CLAIM_FILE = ".nys-claim"
+BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE)
 # AttentionConfigError and DataError are UserInputErrors too.
 USER_ERRORS = (UserInputError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.
@@ -135,6 +138,26 @@ def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
     )
 
 
+def not_a_folder(path: Path) -> Path | None:
+    """The first of ``path`` and its parents that exists but is no folder (a file, a dangling
+    link), or None: creating ``path`` would fail there."""
+    for part in [*reversed(path.parents), path]:
+        if os.path.lexists(part) and not part.is_dir():
+            return part
+    return None
+
+
+def _blocked(path: Path, key: str | None = None) -> UserInputError:
+    """``key=path`` (or the run folder ``path``) cannot be created: name what is in the way."""
+    part = not_a_folder(path)
+    what = "a dangling link" if part is not None and part.is_symlink() else "a file"
+    given = f"{key}={path}" if key else f"the run folder {path}"
+    return UserInputError(
+        f"{given} cannot be created: {part} is {what}, not a folder; "
+        "remove it or give another folder"
+    )
+
+
 def claim_dir(base: Path) -> Path:
     """Create ``base`` (or ``base_1``, ``base_2``, ...) atomically: folders are never reused."""
     for i in itertools.count():
@@ -143,6 +166,8 @@ def claim_dir(base: Path) -> Path:
             candidate.mkdir(parents=True)
             return candidate
         except FileExistsError:
+            if not_a_folder(candidate.parent) is not None:  # e.g. a dangling outputs link:
+                raise _blocked(candidate) from None  # every name would fail the same way
             continue
     raise AssertionError("unreachable")
 
@@ -300,13 +325,16 @@ def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: st
             console.out(OmegaConf.to_yaml(cfg, resolve=resolve), highlight=False)
 
 
+RUN_MARKS = (".hydra", RESULTS_FILE, ERROR_FILE, "metrics.csv", "checkpoints", CLAIM_FILE)
+ENCLOSING_MARKS = (".hydra/config.yaml", "multirun.yaml", CLAIM_FILE)  # a run's, a sweep's
+
+
 def existing_run(folder: Path) -> Path | None:
     """The first run folder at or below ``folder`` (it holds ``.hydra/``, results or
     checkpoints), or None: such a folder is never written into again."""
     if not folder.is_dir():
         return None
-    marks = (".hydra", RESULTS_FILE, ERROR_FILE, "metrics.csv", "checkpoints")
-    for mark in marks:
+    for mark in RUN_MARKS:
         found = sorted(folder.rglob(mark))
         if found:
             return found[0].parent
@@ -381,11 +409,28 @@ def _run_folder(base: Path, shared: bool) -> Path:
     return base
 
 
+def enclosing_run(folder: Path) -> Path | None:
+    """The run (or sweep) folder that ``folder`` would sit inside, or None. Only marks no
+    other folder has count (a user's project folder may well hold a results.csv)."""
+    for parent in folder.absolute().parents:
+        if any((parent / mark).exists() for mark in ENCLOSING_MARKS):
+            return parent
+    return None
+
+
 def check_new_folder(key: str, target: Path) -> Path | None:
-    """Refuse ``key=target`` when ``target`` already holds a run (runs are never overwritten)
-    or cannot be written; create it. Returns ``target`` if this call created it, else None."""
-    if target.exists() and not target.is_dir():
-        raise UserInputError(f"{key}={target} is a file, not a folder; give a new folder")
+    """Claim ``key=target`` for this launch, or refuse it in one line: when it already holds
+    a run (runs are never overwritten), lies inside one, holds anything else, cannot be
+    created or written, or another launch claimed it first (:data:`CLAIM_FILE`, created
+    exclusively, decides a race). Returns ``target`` if this call created it, else None."""
+    if not_a_folder(target) is not None:
+        raise _blocked(target, key)
+    inside = enclosing_run(target)
+    if inside is not None:
+        raise UserInputError(
+            f"{key}={target} lies inside the run {inside}; runs are never written into: "
+            "give a folder outside it"
+        )
     run = existing_run(target)
     if run is not None:
         raise UserInputError(
@@ -396,6 +441,16 @@ def check_new_folder(key: str, target: Path) -> Path | None:
     target.mkdir(parents=True, exist_ok=True)
     if not os.access(target, os.W_OK | os.X_OK):
         raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(target))
+    if not created and any(target.iterdir()):
+        raise UserInputError(
+            f"{key}={target} is a folder that is not empty; a run needs a new or empty folder"
+        )
+    try:
+        os.close(os.open(target / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        raise UserInputError(
+            f"{key}={target} was claimed by another launch at the same moment; give a new folder"
+        ) from None
     return target if created else None
 
 
