@@ -33,19 +33,20 @@ def per_query(x: Tensor, y: Tensor) -> Tensor:
 
 @dataclass
 class Parts:
-    """What every query chunk of one head group shares: landmark keys k~ (B, H, m, d), Z =
-    pinv(A') (B, H, m, m), B' (B, H, m, n), B' V (B, H, m, d_v) and B' 1 (B, H, m, 1); the
-    heavy keys' indices and realness (B, H, g), keys (B, H, g, d) and values (B, H, g, d_v)."""
+    """What every query chunk of one head group shares: Z = pinv(A') (B, H, m, m), B'
+    (B, H, m, n), B' 1 (B, H, m, 1), B' on the heavy keys (B, H, m, g); the heavy keys'
+    indices and realness (B, H, g); keys [heavy keys; k~] (B, H, g + m, d) and values
+    [heavy values; B' V] (B, H, g + m, d_v); the band's shape (block, span)."""
 
-    k_land: Tensor
     z: Tensor
     b_kernel: Tensor
-    b_v: Tensor
     b_mass: Tensor
+    heavy_b: Tensor
     index: Tensor
     heavy_real: Tensor
-    heavy_k: Tensor
-    heavy_v: Tensor
+    small_k: Tensor
+    small_v: Tensor
+    shape: Tensor
 
 
 # Band entries (queries x span x heads) scored at a time: 0.5 MB of fp32 per chunk, so
@@ -155,7 +156,7 @@ class NystromLocalAttention(Core):
         real = (
             torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
         )
-        core = functools.partial(self.approximate, band=band, keep=band.keep(real))
+        core = functools.partial(self.approximate, band=band, drop=~band.keep(real))
         # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
@@ -199,32 +200,35 @@ class NystromLocalAttention(Core):
         return index, is_real
 
     def approximate(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, keep: Tensor
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, drop: Tensor
     ) -> Tensor:
         """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
-        max(w, m) real tokens; ``keep``: which of ``band``'s entries count, (B or 1, 1, nb,
-        block, span). The band part runs over chunks of query blocks, so its temporaries
+        max(w, m) real tokens; ``drop``: which of ``band``'s entries do not count, (B or 1, 1,
+        nb, block, span). The band part runs over chunks of query blocks, so its temporaries
         stay near ``CHUNK_ENTRIES`` whatever n; the rest is O(n (m + g))."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
         k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
         index, heavy_real = self.heavy(b_kernel, real)
+        heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))  # (B, H, g, d)
+        heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
+        # Heavy keys and landmarks side by side: one product scores both, one weighs both.
         parts = Parts(
-            k_land=k_land,
             z=z,
             b_kernel=b_kernel,
-            b_v=b_kernel @ v,  # (B, H, m, d_v): K~ V = p @ b_v
             b_mass=b_kernel.sum(dim=-1)[..., None],  # (B, H, m, 1): K~ 1 = p @ b_mass
+            heavy_b=b_kernel.gather(3, index[:, :, None].expand(-1, -1, z.shape[-1], -1)),
             index=index,
             heavy_real=heavy_real,
-            heavy_k=k.gather(2, index[..., None].expand(-1, -1, -1, d)),  # (B, H, g, d)
-            heavy_v=v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1])),
+            small_k=torch.cat([heavy_k, k_land], dim=2),  # (B, H, g + m, d)
+            small_v=torch.cat([heavy_v, b_kernel @ v], dim=2),  # [V_heavy; B' V]
+            shape=band.reach(device=q.device).to(q.dtype),  # (block, span)
         )
         out = v.new_empty(b, h, n, v.shape[-1])
         step = max(1, CHUNK_ENTRIES // (b * h * band.block * band.span))
         for first in range(0, band.n_blocks, step):
             stop = min(first + step, band.n_blocks)
-            rows = self.chunk(q, k, v, band, keep[:, :, first:stop], first, stop, parts)
+            rows = self.chunk(q, k, v, band, drop[:, :, first:stop], first, stop, parts)
             start = first * band.block
             rows = rows.flatten(2, 3)[:, :, : min(stop * band.block, n) - start]
             out[:, :, start : start + rows.shape[2]] = rows
@@ -236,76 +240,69 @@ class NystromLocalAttention(Core):
         k: Tensor,
         v: Tensor,
         band: Band,
-        keep: Tensor,
+        drop: Tensor,
         first: int,
         stop: int,
         parts: Parts,
     ) -> Tensor:
-        """Outputs (B, H, c, block, d_v) of query blocks first..stop-1 (c of them); keep: their
-        band entries that count (B or 1, 1, c, block, span)."""
+        """Outputs (B, H, c, block, d_v) of query blocks first..stop-1 (c of them); drop: their
+        band entries that do not count (B or 1, 1, c, block, span)."""
         q_blocks = band.queries(q, first, stop) / math.sqrt(q.shape[-1])  # (B, H, c, block, d)
         # A heavy key inside a query's band is already scored there: not twice.
         position = torch.arange(first * band.block, stop * band.block, device=q.device)
         far = (parts.index[:, :, None, None, :] - position.view(-1, band.block, 1)).abs()
         heavy_keep = parts.heavy_real[:, :, None, None, :] & (far > band.radius)
         band_scores = (q_blocks @ band.keys(k, first, stop).transpose(-1, -2)).masked_fill_(
-            ~keep, -math.inf
+            drop, -math.inf
         )  # in place: the product does not need its output for its backward
-        heavy_scores = per_query(q_blocks, parts.heavy_k.transpose(-1, -2))
-        heavy_scores = heavy_scores.masked_fill(~heavy_keep, -math.inf)
-        land_scores = per_query(q_blocks, parts.k_land.transpose(-1, -2))
+        g = heavy_keep.shape[-1]
+        small = per_query(q_blocks, parts.small_k.transpose(-1, -2))  # heavy, then landmarks
+        small[..., :g].masked_fill_(~heavy_keep, -math.inf)
         # One shift per query for both parts: it cancels in the ratio, so no gradient needed.
-        scores = (band_scores, heavy_scores, land_scores)
-        shift = torch.stack([s.detach().amax(dim=-1) for s in scores if s.shape[-1]]).amax(0)
-        shift = shift[..., None]  # heavy_keys=0 leaves an empty score block, skipped above
-        # Masked entries come out as e^EXP_FLOOR here; multiplying by keep zeroes them below.
+        shift = torch.maximum(band_scores.detach().amax(-1), small.detach().amax(-1))[..., None]
+        # Masked entries come out as e^EXP_FLOOR here; they are zeroed below.
         e_band = band_scores.sub_(shift).clamp_min_(EXP_FLOOR).exp_()
-        e_heavy = torch.exp((heavy_scores - shift).clamp_min(EXP_FLOOR)) * heavy_keep
-        f = torch.exp((land_scores - shift).clamp_min(EXP_FLOOR))  # (B, H, c, block, m)
+        e_small = (small - shift).clamp_min_(EXP_FLOOR).exp_()
+        e_heavy = e_small[..., :g] * heavy_keep
         with torch.autocast(device_type=q.device.type, enabled=False):
-            p = per_query(f.to(parts.z.dtype), parts.z).to(f.dtype)  # F' pinv(A'), O(n m)
+            f = e_small[..., g:].to(parts.z.dtype)  # F' (B, H, c, block, m)
+            p = per_query(f, parts.z).to(e_small.dtype)  # F' pinv(A'), O(n m)
         windows = band.keys(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
-        weights = self._weights(band, p, windows, parts, heavy_keep, keep, e_band, e_heavy)
-        w_band, w_heavy, p_gated, den = weights
-        num = (w_band @ band.keys(v, first, stop)).add_(per_query(w_heavy, parts.heavy_v))
-        num.add_(per_query(p_gated, parts.b_v))  # gated K~ V off the support
+        w_band, w_small, den = self._weights(p, windows, parts, heavy_keep, drop, e_band, e_heavy)
+        num = (w_band @ band.keys(v, first, stop)).add_(per_query(w_small, parts.small_v))
         return num / den.clamp_min(torch.finfo(den.dtype).tiny)
 
     def _weights(
         self,
-        band: Band,
         p: Tensor,
         windows: Tensor,
         parts: Parts,
         heavy_keep: Tensor,
-        keep: Tensor,
+        drop: Tensor,
         e_band: Tensor,
         e_heavy: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One normaliser over the exact sparse part and Nyström's estimate of the rest: the
-        band and heavy weights, F' pinv(A') gated, and the normaliser (B, H, c, block, 1).
+        band's weights, the heavy keys' and landmarks' weights side by side (as in
+        ``Parts.small_v``), and the normaliser (B, H, c, block, 1).
 
         p: F' pinv(A') (B, H, c, block, m); windows: B' on each block's span (B, H, c, m,
-        span); e_*: exact kernels (the band's still to be masked by keep).
+        span); e_*: exact kernels (the band's still to be zeroed where ``drop``).
 
         K~ on the band needs only the band's shape (offsets within a block's span): B' is 0
         at padded keys and at the zero-padded ends already, so its row sums come from
         m-sized products (windows @ shape^T) and the gate is known before the one band-sized
         product of K~ is formed, in place.
         """
-        shape = band.reach(device=p.device).to(p.dtype)  # (block, span)
-        heavy_b = parts.b_kernel.gather(
-            3, parts.index[:, :, None].expand(-1, -1, parts.b_kernel.shape[2], -1)
-        )
-        k_heavy = per_query(p, heavy_b) * heavy_keep  # K~ on the heavy keys
-        band_mass = (p * (windows @ shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
+        k_heavy = per_query(p, parts.heavy_b) * heavy_keep  # K~ on the heavy keys
+        band_mass = (p * (windows @ parts.shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
         lr_mass = per_query(p, parts.b_mass)  # K~ 1, (B, H, c, block, 1)
         outside = lr_mass - band_mass[..., None] - k_heavy.sum(-1, keepdim=True)
         # A non-positive mass estimate outside the support: trust the exact part alone.
         gate = (outside > 0).to(p.dtype)
         p_gated = p * gate
-        w_band = (p_gated @ windows).sub_(e_band).mul_(-keep.to(p.dtype))  # (e - K~) keep
-        w_heavy = e_heavy - gate * k_heavy
+        w_band = (p_gated @ windows).neg_().add_(e_band).masked_fill_(drop, 0.0)  # e - K~
+        w_small = torch.cat([e_heavy - gate * k_heavy, p_gated], dim=-1)
         # >= the exact mass: the gated K~ adds only a positive remainder.
-        den = w_band.sum(-1, keepdim=True) + w_heavy.sum(-1, keepdim=True) + gate * lr_mass
-        return w_band, w_heavy, p_gated, den
+        den = w_band.sum(-1, keepdim=True) + w_small[..., : -p.shape[-1]].sum(-1, keepdim=True)
+        return w_band, w_small, den + gate * lr_mass
