@@ -120,6 +120,43 @@ def fault_line(error: BaseException) -> str:
     return _attention_hint(one_line(error))
 
 
+_GRAMMAR_ERRORS = ("mismatched input", "token recognition error", "no viable alternative",
+                   "extraneous input", "missing EQUAL")  # fmt: skip
+
+
+def _first_unparsable(overrides: list[str]) -> int | None:
+    parser = OverridesParser.create()
+    for index, override in enumerate(overrides):
+        try:
+            parser.parse_override(override)
+        except HydraException:
+            return index
+    return None
+
+
+def parse_hint(message: str, overrides: list[str]) -> str:
+    """Hydra's override-grammar error, said as what to type: which argument it could not
+    parse, and how to quote a path with spaces (the shell splits it) or with ``(),[]{}=``
+    (Hydra's grammar reads them)."""
+    if not any(marker in message for marker in _GRAMMAR_ERRORS):
+        return message
+    index = _first_unparsable(overrides)
+    if index is None:
+        return message
+    override = overrides[index]
+    if "=" not in override and index and "=" in overrides[index - 1]:
+        whole = f"{overrides[index - 1]} {override}"
+        return (
+            f"cannot read the argument '{override}' (no key=value): if it belongs to the value "
+            f'before it, quote the whole override for your shell: "{whole}"'
+        )
+    key, _, value = override.partition("=")
+    return (
+        f"cannot read {override}: Hydra's grammar reads ( ) [ ] {{ }} , = and quotes in a "
+        f"value; quote the value inside the shell's quotes: \"{key}='{value}'\""
+    )
+
+
 def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
     """The one-line install hint when a cluster preset's launcher plugin is not installed."""
     if not isinstance(error, MissingConfigException):
@@ -565,7 +602,9 @@ def launch(command: str, arguments: list[str]) -> int:
             # A resumed search's sweep folder holds earlier jobs (one cut short): not this launch's.
             earlier = set(find_run_folders([sweep_dir])) if sweep_dir is not None else set()
         except (*USER_ERRORS, OSError) as error:
-            message = missing_launcher(error, args.overrides) or fault_line(error)
+            message = missing_launcher(error, args.overrides) or parse_hint(
+                fault_line(error), list(args.overrides)
+            )
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
     try:

@@ -351,3 +351,34 @@ def test_a_sweep_with_failed_jobs_exits_1_with_one_line_and_no_traceback(
         written = (sweep / job / ERROR_FILE).read_text()
         assert written.startswith(str(error))
         assert ("Traceback" in written) == isinstance(error, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["data.path=my", "file.txt"], "for your shell: \"data.path=my file.txt\""),
+        (["data.path=a(b).txt"], "inside the shell's quotes: \"data.path='a(b).txt'\""),
+        (["seq_len=16", "data.path=x=y"], "\"data.path='x=y'\""),
+    ],
+)  # fmt: skip
+def test_a_path_hydra_cannot_parse_says_how_to_quote_it(
+    overrides, said, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert launch("approx_error", overrides) == 2
+    assert said in one_error(capsys)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_quoting_the_hint_gives_is_read_as_the_path(run_nys):
+    done = run_nys("approx-error", "data.path='a(b) c=d.txt'", "--cfg", "job")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "path: a(b) c=d.txt" in done.stdout
+
+
+def test_a_report_over_no_runs_is_one_line_and_exit_2(run_nys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    done = run_nys("report", "empty")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith("error: no run folders") and done.stdout.count("\n") == 1
+    assert not (tmp_path / "empty" / "summary.csv").exists()

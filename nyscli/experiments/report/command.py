@@ -35,12 +35,11 @@ def show_report(
     writes its own files (plots, derived tables) into ``figures`` (if given). Returns the
     stacked results."""
     runs = [load_run(p) for p in find_run_folders(paths)]
-    if not runs:
-        console.print(
-            f"no run folders (with .hydra/config.yaml) under {', '.join(map(str, paths))}",
-            highlight=False,
+    if not runs:  # a typo'd or empty folder is a mistake to report, not an empty success
+        raise UserInputError(
+            f"no run folders (with .hydra/config.yaml) under {', '.join(map(str, paths))}; "
+            "give run folders, sweep folders or outputs/"
         )
-        return pd.DataFrame()
     if out is not None:
         # --out cmp/x.csv makes cmp/ (once there is something to write, so a refused report
         # leaves no folder); the figures beside it go there too.
