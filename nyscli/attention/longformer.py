@@ -77,11 +77,19 @@ class Band:
         rows = _rows(x, first * self.block - self.radius, stop * self.block + self.radius)
         return rows.unfold(2, self.span, self.block).transpose(-1, -2)
 
-    def keep(self, key_ok: Tensor, causal: bool = False) -> Tensor:
-        """Which band entries count: (B, 1, n_blocks, block, span) bool, from key_ok (B or 1,
-        n) (True = a key the band may use) and the band's offsets (left half if causal)."""
-        ok = F.pad(key_ok, (self.radius, self.right), value=False)
-        ok = ok.unfold(1, self.span, self.block)[:, None, :, None, :]  # (B, 1, blocks, 1, span)
+    def keep(
+        self, key_ok: Tensor, causal: bool = False, first: int = 0, stop: int | None = None
+    ) -> Tensor:
+        """Which band entries of blocks first..stop-1 (all by default) count: (B, 1, blocks,
+        block, span) bool, from key_ok (B or 1, n) (True = a key the band may use) and the
+        band's offsets (left half if causal)."""
+        stop = self.n_blocks if stop is None else stop
+        ok = _rows(
+            key_ok[:, None, :, None],
+            first * self.block - self.radius,
+            stop * self.block + self.radius,
+        )
+        ok = ok[:, 0, :, 0].unfold(1, self.span, self.block)[:, None, :, None, :]  # (B,1,c,1,span)
         return self.reach(causal, key_ok.device) & ok
 
     def reach(self, causal: bool = False, device: torch.device | None = None) -> Tensor:

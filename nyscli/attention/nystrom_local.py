@@ -153,10 +153,7 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
-        real = (
-            torch.ones(1, q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
-        )
-        core = functools.partial(self.approximate, band=band, drop=~band.keep(real))
+        core = functools.partial(self.approximate, band=band)
         # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
@@ -200,11 +197,10 @@ class NystromLocalAttention(Core):
         return index, is_real
 
     def approximate(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, drop: Tensor
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band
     ) -> Tensor:
         """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
-        max(w, m) real tokens; ``drop``: which of ``band``'s entries do not count, (B or 1, 1,
-        nb, block, span). The band part runs over chunks of query blocks, so its temporaries
+        max(w, m) real tokens. The band part runs over chunks of query blocks, so its temporaries
         stay near ``CHUNK_ENTRIES`` whatever n; the rest is O(n (m + g))."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
@@ -228,7 +224,10 @@ class NystromLocalAttention(Core):
         step = max(1, CHUNK_ENTRIES // (b * h * band.block * band.span))
         for first in range(0, band.n_blocks, step):
             stop = min(first + step, band.n_blocks)
-            rows = self.chunk(q, k, v, band, drop[:, :, first:stop], first, stop, parts)
+            # The band entries that do not count (outside the band, padded keys), per chunk:
+            # for all blocks at once they would be the largest temporary left at n = 8192.
+            drop = ~band.keep(real, first=first, stop=stop)  # (B or 1, 1, c, block, span)
+            rows = self.chunk(q, k, v, band, drop, first, stop, parts)
             start = first * band.block
             rows = rows.flatten(2, 3)[:, :, : min(stop * band.block, n) - start]
             out[:, :, start : start + rows.shape[2]] = rows
