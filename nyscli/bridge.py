@@ -57,6 +57,7 @@ from nyscli.sweeps import per_attention
 from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resume import RESUMED_FROM_FILE
 
 log = logging.getLogger("nys")
 
@@ -65,7 +66,7 @@ ENV_FILE = "env.json"
 # Created exclusively (O_EXCL) in a folder given as hydra.run.dir / hydra.sweep.dir: of several
 # launches into one folder, at the same instant or later, exactly one gets it.
 CLAIM_FILE = ".nys-claim"
-BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE)
+BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE, RESUMED_FROM_FILE)
 # AttentionConfigError and DataError are UserInputErrors too.
 USER_ERRORS = (UserInputError, HydraException, OmegaConfBaseException)
 # The optional Hydra launcher plugins behind conf/cluster/ presets: launcher -> pip package.

@@ -74,6 +74,7 @@ def test_resume_true_continues_the_identical_run_then_has_nothing_to_do(
     args, run = stopped_run
     done = run_nys("lra", *args, "--resume", "true")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "resume=true: continuing" in done.stdout  # says which run it continues
     [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
     row = pd.read_csv(resumed / "results.csv").iloc[0]
     assert row.resumed_from.endswith(f"{run.name}/checkpoints/last.pt") and row.steps == 4
@@ -93,3 +94,44 @@ def test_a_changed_seed_draws_the_remaining_batches_from_its_own_stream():
     first = next(iter(new))
     assert first == ShuffledBatches(list(range(40)), 4, list, seed=3).epoch_batches(0)[3].tolist()
     assert first != old.epoch_batches(0)[3].tolist()
+
+
+def test_resume_true_takes_the_newest_unfinished_run_no_run_has_continued(tmp_path):
+    """Runs with identical settings: a (stopped), b (finished, newer); resume=true continues a,
+    not 'nothing to do' because of b. Once c has continued a (and saved), a is c's past: c is
+    taken; when c has finished too, there is nothing to do. A continuation that stopped before
+    its first save does not count."""
+    import os
+
+    from nyscli.train.resume import RESUMED_FROM_FILE, plan_resume
+
+    saved = {"seed": 0, "resume": False, "trainer": {"lr": 1e-4}}
+    cfg = OmegaConf.create({**saved, "resume": True})
+
+    def run(name: str, age: int, finished: bool, continues: str | None = None, saves=True):
+        folder = tmp_path / name
+        (folder / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(saved), folder / ".hydra" / "config.yaml")
+        if saves:
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "last.pt").write_bytes(b"x")
+            os.utime(folder / "checkpoints" / "last.pt", (1e9 + age, 1e9 + age))
+        if finished:
+            (folder / "results.csv").write_text("status\nok\n")
+        if continues:
+            (folder / RESUMED_FROM_FILE).write_text(f"{(tmp_path / continues).resolve()}\n")
+        return folder
+
+    def chosen():
+        plan = plan_resume(cfg, tmp_path)
+        return plan.run.name, plan.finished
+
+    run("a", 1, finished=False)
+    run("b", 2, finished=True)
+    assert chosen() == ("a", False)
+    run("d", 3, finished=False, continues="a", saves=False)  # crashed before saving
+    assert chosen() == ("a", False)
+    c = run("c", 4, finished=False, continues="a")
+    assert chosen() == ("c", False)
+    (c / "results.csv").write_text("status\nok\n")
+    assert chosen() == ("c", True)  # the newest of b and c: both finished

@@ -28,7 +28,7 @@ from nyscli.train import (
     seed_everything,
 )
 from nyscli.train.resources import peak_memory_mb
-from nyscli.train.resume import ResumePlan, plan_resume
+from nyscli.train.resume import ResumePlan, plan_resume, record_resume
 
 log = logging.getLogger(__name__)
 # Command-line keys that set the schedule explicitly: kept as given when --steps scales it.
@@ -93,6 +93,9 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
         raise UserInputError(plan.nothing_to_do() or "")
     for change in plan.changes:
         log.warning("resume_changes=allow: %s", change)
+    if plan.checkpoint is not None and distributed.is_main():
+        record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
+        log.info("resume=%s: continuing %s", str(cfg.resume).lower(), plan.run)
     seed_everything(int(cfg.seed))
     # The loggers (logger=tensorboard/mlflow) of rank 0; a resume continues the earlier run's.
     previous = plan.checkpoint.parent.parent if plan.checkpoint else None

@@ -6,12 +6,14 @@ the keys in :data:`RUN_CONTROL` (how to run, not what to train) may differ. A di
 refused with one line naming the keys, unless ``resume_changes=allow``: then the new values
 are used (the trainer re-applies lr, betas, eps, weight decay, schedule and seed over the
 checkpoint's) and every change is recorded, old and new value, in ``results.csv``.
-``resume=true`` only ever continues the newest run with identical settings; when that run
-has finished there is nothing to do.
+``resume=true`` continues the newest *unfinished* run with identical settings that no later
+run has continued already (a resumed run names its origin in :data:`RESUMED_FROM_FILE`); when
+every such run has finished there is nothing to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import shlex
 import sys
@@ -23,11 +25,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.errors import UserInputError
+from nyscli.files import write_text
 from nyscli.output.runs import RESULTS_FILE
 from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
 from nyscli.train.errors import CheckpointError
 
 RESUME_CHANGES = ("refuse", "allow")
+RESUMED_FROM_FILE = "resumed_from.txt"  # in a resumed run: the folder of the run it continues
 # Keys that say how to run, not what to train: they may differ between a run and its resume.
 RUN_CONTROL = (
     "resume",
@@ -144,8 +148,9 @@ def plan_resume(
 
     ``upgrade`` reads a saved config in today's key names (a run from before a rename).
 
-    ``resume=true``: the newest run folder under ``runs_root`` (by ``last.pt`` time, other than
-    ``current_run``) whose settings are identical; if it finished, ``finished`` is set.
+    ``resume=true``: of the run folders under ``runs_root`` (other than ``current_run``) whose
+    settings are identical and that no run has continued yet, the newest unfinished one (by
+    ``last.pt`` time); if all of them finished, the newest, with ``finished`` set.
     ``resume=<run folder or last.pt>``: that run, after comparing its saved settings.
     """
     resume = cfg.get("resume")
@@ -195,10 +200,11 @@ def _newest_identical(
     upgrade: Callable[[DictConfig], DictConfig],
 ) -> ResumePlan:
     candidates = []
+    continued = _continued_runs(runs_root)
     for config in runs_root.rglob(".hydra/config.yaml"):
         run = config.parent.parent
         last = _last_checkpoint(run)
-        if last is None or run.resolve() == here:
+        if last is None or run.resolve() == here or run.resolve() in continued:
             continue
         try:
             same = not setup_changes(upgrade(OmegaConf.load(config)), cfg)  # type: ignore[arg-type]
@@ -212,8 +218,26 @@ def _newest_identical(
             f"under {runs_root}; give resume=<run folder> (resume_changes=allow to change "
             "settings)"
         )
-    last = max(candidates)[2]
+    unfinished = [c for c in candidates if not is_finished(c[2].parent.parent)]
+    last = max(unfinished or candidates)[2]
     return ResumePlan(last, (), is_finished(last.parent.parent))
+
+
+def _continued_runs(runs_root: Path) -> set[Path]:
+    """The run folders under ``runs_root`` that a later run has resumed and checkpointed
+    (their own last.pt is behind that one's: continuing them again would fork the run)."""
+    found = set()
+    for marker in runs_root.rglob(RESUMED_FROM_FILE):
+        if _last_checkpoint(marker.parent) is None:  # stopped before its first save
+            continue
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            found.add(Path(marker.read_text().strip()).resolve())
+    return found
+
+
+def record_resume(run_dir: Path, checkpoint: Path) -> None:
+    """Name, in ``run_dir``, the run that ``checkpoint`` (its last.pt) belongs to."""
+    write_text(f"{checkpoint.parent.parent.resolve()}\n", run_dir / RESUMED_FROM_FILE)
 
 
 def resume_command(run_dir: Path) -> str:
