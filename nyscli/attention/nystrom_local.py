@@ -52,6 +52,8 @@ class Parts:
 # Band entries (queries x span x heads) scored at a time: 0.5 MB of fp32 per chunk, so
 # the band's temporaries stay a few MB at any n.
 CHUNK_ENTRIES = 2**17
+# A band of at most this many entries (4 MB of fp32; all heads) is scored in one go.
+SMALL_BAND = 2**20
 
 # Scores more than 80 below a query's largest are floored there before exp: CPU exp is 20-50x
 # slower where float32 results turn denormal or underflow (and on -inf), and e^-80 ~ 1e-35
@@ -153,7 +155,12 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
-        core = functools.partial(self.approximate, band=band)
+        whole = q.shape[0] * q.shape[1] * band.n_blocks * band.block * band.span
+        if whole <= SMALL_BAND:
+            # Short sequences: every head and block at once, since at n = 512 the cost is
+            # in the number of operations, not in their size.
+            return self.approximate(q, k, v, mask, band, chunk_entries=whole)
+        core = functools.partial(self.approximate, band=band, chunk_entries=CHUNK_ENTRIES)
         # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
@@ -197,7 +204,13 @@ class NystromLocalAttention(Core):
         return index, is_real
 
     def approximate(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        band: Band,
+        chunk_entries: int = CHUNK_ENTRIES,
     ) -> Tensor:
         """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
         max(w, m) real tokens. The band part runs over chunks of query blocks, so its temporaries
@@ -221,7 +234,7 @@ class NystromLocalAttention(Core):
             shape=band.reach(device=q.device).to(q.dtype),  # (block, span)
         )
         out = v.new_empty(b, h, n, v.shape[-1])
-        step = max(1, CHUNK_ENTRIES // (b * h * band.block * band.span))
+        step = max(1, chunk_entries // (b * h * band.block * band.span))
         for first in range(0, band.n_blocks, step):
             stop = min(first + step, band.n_blocks)
             # The band entries that do not count (outside the band, padded keys), per chunk:
