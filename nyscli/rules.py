@@ -8,10 +8,16 @@ whoever checks them (``nyscli.experiments.schema`` checks a whole config against
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from nyscli.errors import UserInputError
+
+
+# Every integer a config holds ends up in torch or numpy (a seed, a count, a size): beyond 64
+# bits they overflow, so that is the ceiling of every Int without a tighter one.
+INT64_MAX = 2**63 - 1
 
 
 def _is_int(value: Any) -> bool:
@@ -20,6 +26,14 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return _is_int(value) or isinstance(value, float)
+
+
+def _is_finite(value: Any) -> bool:
+    """A finite number, also as a float (an int beyond ~1.8e308 is none: float() overflows)."""
+    try:
+        return _is_number(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Int(Rule):
-    """An integer in [low, high] (either bound optional); ``odd``: odd ones only."""
+    """An integer in [low, high] (either bound optional; no ``high`` means 64-bit, like
+    :data:`INT64_MAX`); ``odd``: odd ones only."""
 
     low: int | None = None
     high: int | None = None
@@ -57,7 +72,8 @@ class Int(Rule):
         return (
             _is_int(value)
             and (self.low is None or value >= self.low)
-            and (self.high is None or value <= self.high)
+            and value <= (INT64_MAX if self.high is None else self.high)
+            and value >= -INT64_MAX - 1
             and (not self.odd or value % 2 == 1)
         )
 
@@ -65,7 +81,7 @@ class Int(Rule):
         kind = "an odd integer" if self.odd else "an integer"
         if self.high is not None and self.low is not None:
             return f"{kind} from {self.low} to {self.high}"
-        return kind + (f" >= {self.low}" if self.low is not None else "")
+        return kind + (f" >= {self.low}" if self.low is not None else "") + " (64-bit)"
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ class Float(Rule):
     high_open: bool = False
 
     def ok(self, value: Any) -> bool:
-        if not _is_number(value) or value != value:  # NaN compares unequal to itself
+        if not _is_finite(value):  # NaN and inf are never a setting (lr=inf diverges)
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
@@ -90,7 +106,7 @@ class Float(Rule):
             parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
         if self.high is not None:
             parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
-        return "a number" + (" " + " and ".join(parts) if parts else "")
+        return "a finite number" + (" " + " and ".join(parts) if parts else "")
 
 
 @dataclass(frozen=True)
@@ -150,10 +166,10 @@ class IntList(Rule):
 
     def ok(self, value: Any) -> bool:
         items = list(value) if isinstance(value, list | tuple) else [value]
-        return bool(items) and all(_is_int(v) and v >= self.low for v in items)
+        return bool(items) and all(_is_int(v) and self.low <= v <= INT64_MAX for v in items)
 
     def allowed(self) -> str:
-        return f"a non-empty list of integers >= {self.low}, e.g. [64,128]"
+        return f"a non-empty list of 64-bit integers >= {self.low}, e.g. [64,128]"
 
 
 def show(value: Any) -> str:

@@ -71,6 +71,18 @@ BAD_VALUES = [
     ("finetune", ["task.test_examples=0"], "task.test_examples=0"),
     ("finetune", ["trainer.max_steps=0"], "trainer.max_steps=0"),
     ("finetune", ["trainer.lr=-1"], "trainer.lr=-1"),
+    # Upper bounds: 64-bit integers, finite numbers, threads a few per core.
+    ("finetune", ["seed=99999999999999999999999"], "seed=99999999999999999999999 is not allowed"),
+    ("lra", ["trainer.batch_size=9223372036854775808"], "(64-bit)"),
+    ("bench", ["threads=99999999999999999999"], "threads=99999999999999999999"),
+    ("lra", ["threads=100000"], "threads=100000 is not allowed; it must be an integer from 1 to"),
+    ("finetune", ["epochs=inf"], "epochs=inf is not allowed; it must be a finite number"),
+    ("lra", ["trainer.lr=inf"], "trainer.lr=inf"),
+    ("lra", ["trainer.lr=1e400"], "trainer.lr=inf"),
+    ("lra", ["trainer.weight_decay=inf"], "trainer.weight_decay=inf"),
+    ("bench", ["timeout_s=inf"], "timeout_s=inf"),
+    ("approx_error", ["scale=-inf"], "scale=-inf"),
+    ("approx_error", ["budgets=[64,99999999999999999999]"], "budgets=[64,99999999999999999999]"),
 ]
 
 
@@ -97,6 +109,19 @@ def test_bad_value_in_one_sweep_job_refuses_the_whole_sweep(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert launch("lra", ["--multirun", "model.dropout=0.1,1.5"]) == 2
     assert "model.dropout=1.5" in one_error(capsys)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_bad_value_in_the_last_job_of_a_big_sweep_stops_it_before_the_first(
+    tmp_path, monkeypatch, capsys
+):
+    """Every job is checked (behind a progress bar from 20 jobs) before any runs."""
+    monkeypatch.chdir(tmp_path)
+    assert (
+        launch("approx_error", ["--multirun", "heads=1,99999999999999999999", "seed=range(0,12)"])
+        == 2
+    )
+    assert "heads=99999999999999999999 is not allowed" in one_error(capsys)
     assert not (tmp_path / "outputs").exists()
 
 

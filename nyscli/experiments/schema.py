@@ -11,6 +11,7 @@ Thread counts: ``null`` means torch's default; ``0`` is refused (it would silent
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -56,7 +57,9 @@ def check_attentions(nodes: Iterable[tuple[str, Any]]) -> None:
 
 
 SEED = Int(low=0)
-THREADS = Int(low=1, null=True)
+# Threads beyond a few per core only slow torch down; the floor of 64 leaves room for a job
+# checked on a small login node and run on a big cluster node.
+THREADS = Int(low=1, high=max(64, 4 * (os.cpu_count() or 1)), null=True)
 PROBABILITY = Float(low=0.0, high=1.0, high_open=True)  # dropout-like: 1 would drop everything
 DEVICE = Text()  # auto | cpu | cuda[:i], checked against the machine by each command
 COUNT = Int(low=1)
