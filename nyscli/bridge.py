@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from nyscli.sweeps import per_attention
 from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.loop import Terminated, sigterm_raises
 from nyscli.train.resume import RESUMED_FROM_FILE
 
 log = logging.getLogger("nys")
@@ -579,7 +581,28 @@ def _show_sweep(command: str, args: Any) -> int:
 
 
 def launch(command: str, arguments: list[str]) -> int:
-    """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code."""
+    """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code.
+
+    SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) wherever the run is, as Ctrl-C
+    does: every phase unwinds, so temporary files go, worker processes are stopped, and the
+    run ends with one line (exit 143; Ctrl-C 130)."""
+    with sigterm_raises():
+        try:
+            return _launch(command, arguments)
+        except KeyboardInterrupt as stop:  # before a run folder was claimed
+            console.print(f"[red]error:[/] {_stopped(stop)}; nothing was written", highlight=False)
+            return _stop_code(stop)
+
+
+def _stopped(stop: KeyboardInterrupt) -> str:
+    return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+
+
+def _stop_code(stop: KeyboardInterrupt) -> int:
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def _launch(command: str, arguments: list[str]) -> int:
     parser = get_args_parser()
     parser.prog = f"nys {command}"
 
@@ -635,15 +658,16 @@ def launch(command: str, arguments: list[str]) -> int:
             discard_failed(fresh, made_parents)
         console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
         return abort.code
-    except KeyboardInterrupt:
-        # Ctrl-C outside the training loop (data preparation, final evaluation); the loop itself
-        # raises TrainingInterrupted with its resume line.
+    except KeyboardInterrupt as stop:
+        # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);
+        # the loop itself raises TrainingInterrupted with its resume line.
         if fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
-        console.print(f"[red]error:[/] interrupted{escape(where)}", highlight=False, soft_wrap=True)
-        return 130
+        line = f"{_stopped(stop)}{where}"
+        console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        return _stop_code(stop)
     except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
         # the jobs that did finish still get their summary, and the lost ones are listed.

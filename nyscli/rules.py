@@ -14,7 +14,6 @@ from typing import Any
 
 from nyscli.errors import UserInputError
 
-
 # Every integer a config holds ends up in torch or numpy (a seed, a count, a size): beyond 64
 # bits they overflow, so that is the ceiling of every Int without a tighter one.
 INT64_MAX = 2**63 - 1

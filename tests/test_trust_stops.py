@@ -123,3 +123,60 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_leaves_no_folder(
     lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
     assert lines == ["error: interrupted; no run folder is left"]
     assert not (tmp_path / "outputs").exists()
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (Linux /proc)."""
+    found: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            found |= {int(c) for c in handle.read().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("args", "phase"),
+    [
+        (["lra", "task=pathfinder", "data.workers=2", "data.generate.n_train=40000"], "cache"),
+        (["bench", "seq_lens=[8192]", "attention_set=nystrom", "warmup=50"], "worker"),
+    ],
+)
+def test_sigterm_outside_the_training_loop_is_one_line_no_temp_files_no_workers(
+    tmp_path, args, phase
+):
+    """SIGTERM while pathfinder's generator workers fill the data cache, or while a bench
+    worker measures: exit 143, one line, the workers gone, no temporary file, no folder."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
+           "NYSCLI_DATA_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, "-m", "nyscli.cli", *args, "threads=1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while not _children(run.pid) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the generator / bench worker processes run
+    workers = _children(run.pid)
+    assert workers, f"no {phase} process started: {run.communicate()[0]}"
+    time.sleep(1.0)
+    run.send_signal(signal.SIGTERM)
+    out = run.communicate(timeout=60)[0]
+    assert run.returncode == 143, out
+    lines = out.strip().splitlines()  # bench may first warn that the machine is busy
+    assert lines[-1] == "error: terminated (SIGTERM); no run folder is left", out
+    assert "Traceback" not in out and "error" not in "".join(lines[:-1]), out
+    assert not [pid for pid in workers if _alive(pid)]
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
+    assert not (tmp_path / "outputs").exists()

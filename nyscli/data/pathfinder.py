@@ -56,10 +56,11 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -470,6 +471,13 @@ def _chunk_job(args: tuple[PathfinderConfig, str, int, int]) -> dict:
     return generate_chunk(*args)
 
 
+def _quiet_worker() -> None:
+    """A generator worker leaves stopping to the parent: Ctrl-C (sent to the whole terminal
+    group) is ignored, SIGTERM (the parent's pool ending) kills it without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def generate_split(cfg: PathfinderConfig, split: str, workers: int = 1) -> dict:
     """All ``cfg.split_size(split)`` samples of ``split`` as in :func:`generate_chunk`.
 
@@ -482,9 +490,11 @@ def generate_split(cfg: PathfinderConfig, split: str, workers: int = 1) -> dict:
     with progress_bar(f"pathfinder: generating {split}", n) as advance:
         if workers > 1 and len(jobs) > 1:
             # The platform's default start method (fork on Linux): the workers run numpy only,
-            # never torch, and fork also works from notebooks and unguarded scripts.
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-                for part in pool.map(_chunk_job, jobs):  # in order, as chunks finish
+            # never torch, and fork also works from notebooks and unguarded scripts. A Pool, not
+            # a ProcessPoolExecutor: leaving its block (Ctrl-C, SIGTERM) terminates the workers
+            # at once, where the executor would first run every queued chunk to the end.
+            with multiprocessing.Pool(min(workers, len(jobs)), _quiet_worker) as pool:
+                for part in pool.imap(_chunk_job, jobs):  # in order, as chunks finish
                     parts.append(part)
                     advance(len(part["labels"]))
         else:

@@ -92,7 +92,7 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def sigterm_raises() -> Iterator[None]:
     """Within the block SIGTERM raises :class:`Terminated` (main thread only), so a
     termination unwinds like Ctrl-C: atomic writes remove their temp files."""
     if threading.current_thread() is not threading.main_thread():
@@ -250,7 +250,7 @@ class Trainer:
     def _interruptible(self) -> Iterator[None]:
         """Ctrl-C or SIGTERM inside the block becomes :class:`TrainingInterrupted` (one line)."""
         try:
-            with _sigterm_raises():
+            with sigterm_raises():
                 yield
         except KeyboardInterrupt as interrupt:
             raise self._interrupted(interrupt) from None

@@ -92,7 +92,11 @@ class PointWorker:
         self.process.stdin.flush()
         return float(self._line(TIME_PREFIX))
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """End the worker: it exits when its stdin closes; ``kill`` (the parent is being
+        interrupted or terminated) does not wait for a call in progress."""
+        if kill and self.process.poll() is None:
+            self.process.kill()
         if self.process.poll() is None:
             try:
                 assert self.process.stdin is not None
@@ -176,9 +180,10 @@ def measure_interleaved(
             point.times = []
         _round_robin(noisy, on_round)
     finally:
+        stopping = sys.exc_info()[1] is not None  # e.g. Ctrl-C or SIGTERM: no waiting
         for point in points:
             if point.worker is not None:
-                point.worker.close()
+                point.worker.close(kill=stopping)
     results = []
     for point in points:
         if point.result:
