@@ -20,14 +20,22 @@ def in_head_groups(
     key_padding_mask: Tensor | None,
     elements_per_head: int,
     budget: int = DEFAULT_BUDGET,
+    out: Tensor | None = None,
 ) -> Tensor:
     """``core(q, k, v, mask)`` computed a few heads at a time; (B, H, n, d) -> (B, H, n, d).
 
     Heads never interact, so the result is the same as one call; only the peak memory of the
     core's temporaries (``elements_per_head`` each per sequence and head) drops to ``budget``.
+    With ``out`` (B, H, n, d_v), the core is called with ``out=`` the group's slice, writes
+    its result there (no copy of each group's result), and ``out`` is returned.
     """
     b, h = q.shape[:2]
     group = max(1, budget // max(1, b * elements_per_head))
+    if out is not None:
+        for i in range(0, h, group):
+            heads = slice(i, i + group)
+            core(q[:, heads], k[:, heads], v[:, heads], key_padding_mask, out=out[:, heads])
+        return out
     if group >= h:
         return core(q, k, v, key_padding_mask)
     first = core(q[:, :group], k[:, :group], v[:, :group], key_padding_mask)

@@ -165,7 +165,8 @@ class NystromLocalAttention(Core):
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
         entries = band.n * (3 * self.num_landmarks + 2 * self.heavy_keys)
-        return in_head_groups(core, q, k, v, mask, entries, budget=2 * CHUNK_ENTRIES)
+        out = v.new_empty(v.shape)  # each chunk writes its rows here directly
+        return in_head_groups(core, q, k, v, mask, entries, budget=2 * CHUNK_ENTRIES, out=out)
 
     def landmark_side(
         self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor
@@ -211,10 +212,12 @@ class NystromLocalAttention(Core):
         mask: Tensor | None,
         band: Band,
         chunk_entries: int = CHUNK_ENTRIES,
+        out: Tensor | None = None,
     ) -> Tensor:
         """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
         max(w, m) real tokens. The band part runs over chunks of query blocks, so its temporaries
-        stay near ``CHUNK_ENTRIES`` whatever n; the rest is O(n (m + g))."""
+        stay near ``chunk_entries`` whatever n; the rest is O(n (m + g)). The result is
+        written into ``out`` (B, H, n, d) if given, and returned."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
         k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
@@ -233,7 +236,7 @@ class NystromLocalAttention(Core):
             small_v=torch.cat([heavy_v, b_kernel @ v], dim=2),  # [V_heavy; B' V]
             shape=band.reach(device=q.device).to(q.dtype),  # (block, span)
         )
-        out = v.new_empty(b, h, n, v.shape[-1])
+        out = v.new_empty(b, h, n, v.shape[-1]) if out is None else out
         step = max(1, chunk_entries // (b * h * band.block * band.span))
         for first in range(0, band.n_blocks, step):
             stop = min(first + step, band.n_blocks)
@@ -282,7 +285,7 @@ class NystromLocalAttention(Core):
         windows = band.keys(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
         w_band, w_small, den = self._weights(p, windows, parts, heavy_keep, drop, e_band, e_heavy)
         num = (w_band @ band.keys(v, first, stop)).add_(per_query(w_small, parts.small_v))
-        return num / den.clamp_min(torch.finfo(den.dtype).tiny)
+        return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))  # in place: no new buffer
 
     def _weights(
         self,
