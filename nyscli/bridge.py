@@ -47,7 +47,7 @@ from rich.markup import escape
 from nyscli import ranks, tracking
 from nyscli.console import console
 from nyscli.data.common import progress_bar
-from nyscli.errors import UserInputError, describe_os_error
+from nyscli.errors import UserInputError, describe_os_error, naming
 from nyscli.experiments import experiment_module
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.experiments.report.sweep_summary import write_summary
@@ -594,6 +594,30 @@ def launch(command: str, arguments: list[str]) -> int:
             return _stop_code(stop)
 
 
+def _given_dir(overrides: list[str]) -> Path:
+    """The run (or sweep) folder of the launch: the last hydra.run.dir/sweep.dir override
+    (claim_run_folder adds one for the timestamped default)."""
+    keys = ("hydra.run.dir=", "hydra.sweep.dir=")
+    given = [o.lstrip("+~").split("=", 1)[1] for o in overrides if o.lstrip("+~").startswith(keys)]
+    return Path(given[-1]) if given else Path(OUTPUT_ROOT)
+
+
+@contextlib.contextmanager
+def _hydra_reraises() -> Iterator[None]:
+    """Hydra prints an exception from its own steps as a stripped traceback and exits 1,
+    unless HYDRA_FULL_ERROR=1: then it re-raises, and a fault such as a full disk while it
+    writes the run's config becomes our one line."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
 def _stopped(stop: KeyboardInterrupt) -> str:
     return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
 
@@ -645,13 +669,24 @@ def _launch(command: str, arguments: list[str]) -> int:
             console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             return 2
     try:
-        _run_hydra(
-            args=args,
-            args_parser=parser,
-            task_function=Task(command),
-            config_path=CONF_SOURCE,
-            config_name=command,
+        with _hydra_reraises():
+            _run_hydra(
+                args=args,
+                args_parser=parser,
+                task_function=Task(command),
+                config_path=CONF_SOURCE,
+                config_name=command,
+            )
+    except OSError as error:
+        # Hydra's own writes failed (the run's .hydra/ config on a full or read-only disk); the
+        # job's faults became Abort in Task already.
+        if fresh is not None and not multirun:
+            discard_failed(fresh, made_parents)
+        error = naming(error, _given_dir(args.overrides) / ".hydra")  # a write names no file
+        console.print(
+            f"[red]error:[/] {escape(describe_os_error(error))}", highlight=False, soft_wrap=True
         )
+        return 2
     except (Abort, TrainingInterrupted) as abort:
         # An interrupted run keeps its folder: the message says how to resume it.
         if isinstance(abort, Abort) and fresh is not None and not multirun:

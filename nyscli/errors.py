@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import shutil
+from pathlib import Path
 
 # What to do about an operating-system fault, by errno (the rest: check the path).
 OS_HINTS = {
@@ -41,5 +43,29 @@ def describe_os_error(error: OSError) -> str:
     if error.filename2 is not None:
         where = f"{where} -> {error.filename2}"
     reason = error.strerror or str(error) or type(error).__name__
+    if error.errno in FULL and error.filename is not None:
+        reason += space_note(Path(error.filename), getattr(error, "needed", None))
     hint = OS_HINTS.get(error.errno or -1, "check the path and the disk")
     return f"{where}: {reason}; {hint}"
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def space_note(path: Path, needed: int | None) -> str:
+    """`` (0.4 MB free there; it needs at least 1.2 MB)``: the free space on ``path``'s disk
+    and the size the failed write needed (what it wrote, or the file it replaces; None:
+    unknown)."""
+    folder = next((p for p in (path, *path.parents) if p.is_dir()), None)
+    if folder is None:
+        return ""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    note = f" ({_size(free)} free there"
+    return note + (f"; it needs at least {_size(needed)})" if needed else ")")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MB" if count >= 2**20 else f"{count / 2**10:.0f} KB"

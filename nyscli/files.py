@@ -56,8 +56,12 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as error:
+        # What a full disk needed: at least what was written, or the file it would replace.
+        sizes = [os.path.getsize(p) for p in (tmp, path) if os.path.isfile(p)]
         Path(tmp).unlink(missing_ok=True)
-        raise naming(error, path) from None
+        named = naming(error, path)
+        named.needed = max(sizes, default=0) or None  # type: ignore[attr-defined]
+        raise named from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -327,12 +327,28 @@ def test_full_disk_during_checkpoint_save_keeps_the_previous_one(tmp_path, monke
     saves = {"n": 0}
     real_save = torch.save
 
+    class FullDisk:
+        """The temp file's handle on a disk that fills after 64 bytes: torch's zip writer then
+        raises RuntimeError("unexpected pos"), the OSError only its __context__, as for real."""
+
+        def __init__(self, handle):
+            self.handle, self.left = handle, 64
+
+        def write(self, data):
+            if len(data) > self.left:
+                self.handle.write(bytes(data[: self.left]))
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.left -= len(data)
+            return self.handle.write(data)
+
+        def flush(self):
+            self.handle.flush()
+
     def full_disk(obj, handle, *args, **kwargs):
         target = os.readlink(f"/proc/self/fd/{handle.fileno()}")  # the temp file's path
         saves["n"] += ".last.pt." in target
         if saves["n"] >= 2:
-            handle.write(b"half a checkpoint")
-            raise OSError(errno.ENOSPC, "No space left on device")
+            handle = FullDisk(handle)
         return real_save(obj, handle, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.torch, "save", full_disk)
@@ -341,12 +357,33 @@ def test_full_disk_during_checkpoint_save_keeps_the_previous_one(tmp_path, monke
     out = capsys.readouterr().out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out
-    assert "last.pt: No space left on device" in errors[0]
+    assert (
+        "last.pt: No space left on device (" in errors[0]
+        and "free there; it needs at least" in errors[0]
+    )
     (run,) = find_run_folders([tmp_path / "outputs"])
     assert not list(run.rglob("*.tmp"))
     state = checkpoint.load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["step"] == 1
     assert (run / ERROR_FILE).exists() and not load_run(run).ok
+
+
+def test_full_disk_when_hydra_writes_the_runs_config_is_one_line_and_no_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """Hydra's own write of .hydra/config.yaml (before the job starts) on a full disk: it
+    printed Hydra's two-line exception and exited 1; now one line naming the folder, exit 2."""
+    from hydra.core import utils as hydra_utils
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # a write names no file
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hydra_utils, "_save_config", full)
+    assert launch("lra", [*TINY_LRA, "hydra.run.dir=run"]) == 2
+    line = one_error(capsys)
+    assert line.startswith("error: run/.hydra: No space left on device (") and "free there" in line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("error", [RuntimeError("boom in the job"), UserInputError("bad data")])

@@ -22,7 +22,14 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     A crash mid-write leaves the previous checkpoint untouched: readers never see half a file.
     """
     with atomic_writer(path, "wb") as handle:
-        torch.save({"format": FORMAT, **state}, handle)
+        try:
+            torch.save({"format": FORMAT, **state}, handle)
+        except RuntimeError as error:
+            # torch's zip writer turns a failed write (a full disk) into "unexpected pos":
+            # the OSError behind it is what the one-line message needs.
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from None
+            raise
     return Path(path)
 
 
