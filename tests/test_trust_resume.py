@@ -135,3 +135,21 @@ def test_resume_true_takes_the_newest_unfinished_run_no_run_has_continued(tmp_pa
     assert chosen() == ("c", False)
     (c / "results.csv").write_text("status\nok\n")
     assert chosen() == ("c", True)  # the newest of b and c: both finished
+
+
+def test_a_change_that_shapes_the_weights_is_refused_before_any_data(
+    run_nys, tmp_path, stopped_run
+):
+    """resume_changes=allow with model.dim changed used to load the data first and then fail
+    at the checkpoint; now one line before anything is logged or created."""
+    from nyscli.train.resume import shapes_weights
+
+    assert shapes_weights("model.dim") and shapes_weights("attention.num_landmarks")
+    assert shapes_weights("task.max_len") and shapes_weights("init")
+    assert not shapes_weights("model.dropout") and not shapes_weights("trainer.lr")
+    args, run = stopped_run
+    refused = run_nys("lra", *args, f"resume={run}", "model.dim=32", "resume_changes=allow")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stdout.strip().splitlines()
+    assert len(lines) == 1 and "model.dim (16 -> 32) would change the model" in lines[0]
+    assert run_folders(tmp_path / "outputs" / "lra") == [run]

@@ -48,6 +48,20 @@ RUN_CONTROL = (
 )
 
 
+# Keys that shape the weights (or the token ids they were trained on): a checkpoint cannot
+# continue under another value, whatever resume_changes says, so they are refused before any
+# data is loaded (they used to fail at the checkpoint load, after it).
+ARCHITECTURE = ("model.", "attention.", "tokenizer.", "task.max_len", "init")
+NOT_ARCHITECTURE = ("model.dropout",)  # no weight depends on it
+
+
+def shapes_weights(key: str) -> bool:
+    """True when ``key`` (dotted) is one of :data:`ARCHITECTURE`."""
+    if key in NOT_ARCHITECTURE:
+        return False
+    return any(key == a or (a.endswith(".") and key.startswith(a)) for a in ARCHITECTURE)
+
+
 @dataclass(frozen=True)
 class Change:
     """One setting that differs between the checkpoint's run (``old``) and this one (``new``)."""
@@ -184,6 +198,13 @@ def plan_resume(
         raise CheckpointError(
             f"resume={resume}: its saved config does not resolve ({error})"
         ) from None
+    shaped = [str(c) for c in changes if shapes_weights(c.key)]
+    if shaped and allow == "allow":
+        raise UserInputError(
+            f"resume={resume}: {', '.join(shaped)} would change the model its checkpoint "
+            "holds; resume_changes=allow changes training settings only: start a new run "
+            "(init= takes a run's weights where the command has it)"
+        )
     if changes and allow != "allow":
         raise UserInputError(
             f"resume={resume}: these settings differ from that run's: "
