@@ -444,3 +444,53 @@ def test_a_report_over_no_runs_is_one_line_and_exit_2(run_nys, tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.startswith("error: no run folders") and done.stdout.count("\n") == 1
     assert not (tmp_path / "empty" / "summary.csv").exists()
+
+
+def test_a_huge_text_file_is_read_only_as_far_as_the_run_needs(tmp_path, monkeypatch):
+    """approx-error source=minilm/checkpoint reads at most 64 bytes per token it uses
+    (max_sequences x seq_len): a 64 MB file costs what a short one does; the prefix ends at
+    whitespace, never inside a word or a UTF-8 character."""
+    from omegaconf import OmegaConf
+
+    from nyscli.data.common import read_text_file
+    from nyscli.experiments.approx_error import command as approx_error
+
+    words = "naïve café résumé 東京 attention landmarks " * 1000  # multi-byte characters
+    big = tmp_path / "big.txt"
+    with open(big, "w", encoding="utf-8") as handle:
+        for _ in range(1500):
+            handle.write(words + "\n")
+    assert big.stat().st_size > 60 * 2**20
+    cfg = OmegaConf.create({"seq_len": 48, "max_sequences": 2, "source": "minilm"})
+    limit = approx_error.text_bytes(cfg)
+    assert limit == 64 * 48 * 2
+    text = read_text_file(big, "data.path", limit_bytes=limit)
+    assert 0 < len(text.encode()) <= limit and "\ufffd" not in text
+    assert text.split() == words.split()[: len(text.split())]  # whole words, in order
+    read_sizes = []
+    real_open = open
+
+    class Recorded:
+        """The file handle, counting what is read from it."""
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def read(self, *size):
+            data = self.handle.read(*size)
+            read_sizes.append(len(data))
+            return data
+
+    def recording_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return Recorded(handle) if str(path) == str(big) else handle
+
+    monkeypatch.setattr("builtins.open", recording_open)
+    read_text_file(big, "data.path", limit_bytes=limit)
+    assert read_sizes and sum(read_sizes) <= limit + 1  # read no further than the limit

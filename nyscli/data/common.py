@@ -89,13 +89,23 @@ def reading(path: str | os.PathLike[str], option: str, expected: str) -> Iterato
         ) from None
 
 
-def read_text_file(path: Path, option: str, max_bad: float = 0.01) -> str:
+def read_text_file(
+    path: Path, option: str, max_bad: float = 0.01, limit_bytes: int | None = None
+) -> str:
     """A UTF-8 text file's content; DataError if it is missing, binary (NUL bytes) or more than
-    ``max_bad`` of it is not UTF-8 (a few bad bytes are replaced, as in scraped text)."""
+    ``max_bad`` of it is not UTF-8 (a few bad bytes are replaced, as in scraped text).
+
+    ``limit_bytes``: read only that much of a longer file (memory stays bounded whatever its
+    size), cut back to the last whitespace so no word or UTF-8 character is split.
+    """
     if not path.is_file():
         raise DataError(f"{option}={path} is not a readable file; give a UTF-8 text file")
-    with reading(path, option, "a UTF-8 text file"):
-        raw = path.read_bytes()
+    with reading(path, option, "a UTF-8 text file"), open(path, "rb") as handle:
+        raw = handle.read() if limit_bytes is None else handle.read(limit_bytes + 1)
+    if limit_bytes is not None and len(raw) > limit_bytes:
+        raw = raw[:limit_bytes]
+        cut = max(raw.rfind(b" "), raw.rfind(b"\n"))
+        raw = raw[:cut] if cut > 0 else raw
     text = raw.decode("utf-8", errors="replace")
     bad = text.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
     if b"\x00" in raw or bad > max_bad * max(len(text), 1):

@@ -130,10 +130,21 @@ def validate(cfg: DictConfig) -> None:
                 f"the model reads at most {sources.MINILM_MAX_TOKENS} tokens"
             )
         if cfg.data.path is not None:
-            read_text_file(Path(cfg.data.path), "data.path")
+            read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
         hint = sources.minilm_missing()
         if hint:
             raise UserInputError(hint)
+
+
+# Bytes of text read per token the run uses: WordPiece tokens of English average ~5 bytes,
+# so 64 leaves room for long words and 4-byte characters; a file of any size is read only
+# that far (a 300 MB file used to be tokenized whole: 12 GB, then a native crash).
+TEXT_BYTES_PER_TOKEN = 64
+
+
+def text_bytes(cfg: DictConfig) -> int:
+    """How much of ``data.path`` a run reads: enough for max_sequences x seq_len tokens."""
+    return TEXT_BYTES_PER_TOKEN * seq_len(cfg) * int(cfg.max_sequences)
 
 
 def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
@@ -146,7 +157,9 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
     text = (
-        SAMPLE_TEXT if cfg.data.path is None else read_text_file(Path(cfg.data.path), "data.path")
+        SAMPLE_TEXT
+        if cfg.data.path is None
+        else read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
     )
     if cfg.source == "checkpoint":
         return sources.checkpoint(str(cfg.checkpoint), text, n, cfg.max_sequences)
