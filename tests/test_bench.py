@@ -190,7 +190,7 @@ class FakeWorker:
         self.log.append(self.name)
         return next(self.times)
 
-    def close(self):
+    def close(self, kill=False):
         pass
 
 
