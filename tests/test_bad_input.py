@@ -494,3 +494,36 @@ def test_a_huge_text_file_is_read_only_as_far_as_the_run_needs(tmp_path, monkeyp
     monkeypatch.setattr("builtins.open", recording_open)
     read_text_file(big, "data.path", limit_bytes=limit)
     assert read_sizes and sum(read_sizes) <= limit + 1  # read no further than the limit
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needs"),
+    [
+        (["seq_len=2000000", "heads=1"], "370 GB for seq_len=2000000"),  # the smooth source
+        (["source=gaussian", "seq_len=1024", "budgets=[100000000000]"],
+         "budgets up to 100000000000"),
+        (["source=gaussian", "seq_len=262144", "max_matrix_mb=1000000"], "for seq_len=262144"),
+    ],
+)  # fmt: skip
+def test_approx_error_sizes_beyond_the_machine_are_one_line_before_any_allocation(
+    overrides, needs, tmp_path, monkeypatch, capsys
+):
+    """The estimate against the machine's memory (here pinned to 16 GB available), in the
+    check before any folder or tensor: no traceback from a 400 GB allocation."""
+    from nyscli.experiments.approx_error import memory
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 2**30)
+    assert launch("approx_error", overrides) == 2
+    line = one_error(capsys)
+    assert needs in line and "more than the 14.4 GB this machine can give it" in line
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_memory_estimate_is_above_the_measured_peak_and_not_far_above():
+    """n = 2048, 2 heads, smooth, the default methods, fp64: 1.12 GB peak RSS measured on a
+    2-core CPU (``/usr/bin/time -f %M nys approx-error seq_len=2048 heads=2``)."""
+    from nyscli.experiments.approx_error import memory
+
+    estimate = memory.estimated_bytes("smooth", 2048, 2, 64, 2, 64.0, 64, 8, True, True)
+    assert 1.12 * 2**30 < estimate < 1.5 * 1.12 * 2**30

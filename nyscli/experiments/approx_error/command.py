@@ -22,6 +22,7 @@ from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_sp
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.experiments.approx_error import memory as approx_memory
 from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
 from nyscli.experiments.approx_error.evaluate import evaluate_head, iter_heads
@@ -134,6 +135,26 @@ def validate(cfg: DictConfig) -> None:
         hint = sources.minilm_missing()
         if hint:
             raise UserInputError(hint)
+    check_memory(cfg)
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """Refuse, before anything is allocated, a run whose estimated peak (see ``memory``) does
+    not fit this machine's memory (CPU runs; a GPU run's tensors live on the GPU)."""
+    if str(cfg.device).startswith("cuda"):
+        return
+    n, m = seq_len(cfg), max(budgets(cfg))
+    itemsize = torch.finfo(DTYPES[cfg.dtype]).bits // 8
+    with_matrix = n * n * itemsize <= cfg.max_matrix_mb * 2**20
+    with_svd = "svd" in cfg.baselines and with_matrix and n <= cfg.svd_max_seq_len
+    estimate = approx_memory.estimated_bytes(
+        str(cfg.source), n, int(cfg.heads), int(cfg.head_dim), int(cfg.max_sequences),
+        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd,
+    )  # fmt: skip
+    what = f"seq_len={n}, budgets up to {m}, heads={cfg.heads}, dtype={cfg.dtype}"
+    line = approx_memory.refusal(estimate, approx_memory.available_bytes(), what)
+    if line:
+        raise UserInputError(line)
 
 
 # Bytes of text read per token the run uses: WordPiece tokens of English average ~5 bytes,
