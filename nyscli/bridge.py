@@ -10,6 +10,7 @@ code 2 instead of deep inside a sweep.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import itertools
 import logging
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 import hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import (
@@ -306,6 +308,39 @@ def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: lis
     tracking.check(cfg.get("logger"))
 
 
+class JobComposer:
+    """A sweep's jobs composed for checking, fast: Hydra composes (reads every YAML file, ~0.12
+    s) once per distinct set of config-group choices (``attention=...``, ``+experiment=...``,
+    any ``+``/``~`` override); a job's plain ``key=value`` overrides are then applied to a copy
+    by Hydra's own override step, as its composition applies them last."""
+
+    def __init__(self, composing: Hydra, command: str) -> None:
+        self.composing, self.command = composing, command
+        self.repository = composing.config_loader.repository  # type: ignore[attr-defined]
+        self.parser = OverridesParser.create()
+        self.bases: dict[tuple[str, ...], DictConfig] = {}
+
+    def _plain(self, override: Any) -> bool:
+        return (
+            override.package is None
+            and not (override.is_add() or override.is_delete() or override.is_force_add())
+            and not self.repository.group_exists(override.key_or_group)
+            and not override.key_or_group.startswith("hydra")
+        )
+
+    def compose(self, job: list[str]) -> DictConfig:
+        parsed = self.parser.parse_overrides(job)
+        plain = [o for o in parsed if self._plain(o)]
+        groups = tuple(o.input_line for o in parsed if not self._plain(o))
+        if groups not in self.bases:
+            self.bases[groups] = _compose_job(self.composing, self.command, list(groups))
+        cfg = copy.deepcopy(self.bases[groups])
+        ConfigLoaderImpl._apply_overrides_to_config(plain, cfg)
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = list(job)
+        return cfg
+
+
 SWEEP_BAR_JOBS = 20  # checking fewer jobs takes a few seconds: no bar
 
 
@@ -356,9 +391,10 @@ def plan_launch(
         split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
         # Each job is composed as it will run (~0.14 s on a 2-core CPU): a bar for big sweeps.
         bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
+        cached = JobComposer(composing, command)
         with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
             for job in split.jobs:
-                _check_job(module, command, _compose_job(composing, command, job), job)
+                _check_job(module, command, cached.compose(job), job)
                 advance(1)
     return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=split.note)
 

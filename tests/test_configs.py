@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nyscli.bridge import composer, plan_launch
 from nyscli.errors import UserInputError
@@ -165,3 +165,37 @@ def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
     calls.clear()
     plan = plan_launch("bench", ["seq_lens=[64]", "seed=1,2"], multirun=True)
     assert (len(calls), plan.multirun) == (3, True)
+
+
+@pytest.mark.parametrize(
+    ("command", "jobs"),
+    [
+        ("finetune", [["finetune_task=mrpc", "trainer.lr=2e-5", "seed=3"],
+                      ["finetune_task=mrpc", "seed=4"],
+                      ["finetune_task=imdb", "task.max_len=1024", "trainer.batch_size=8"]]),
+        ("lra", [["task=text", "attention=softmax", "model.dropout=0.2"],
+                 ["task=text", "attention=softmax", "trainer.eval_examples=null"],
+                 ["task=listops", "attention.num_landmarks=32", "experiment=lra_listops"]]),
+        ("approx_error", [["seed=1", "budgets=[8,16]"], ["seed=2", "methods=[nystrom]"],
+                          ["attention.landmarks=random", "seq_len=128"]]),
+        ("bench", [["attention_set=none", "attention=softmax", "seq_lens=[64]"],
+                   ["seq_lens=[64,128]", "threads=1"]]),
+    ],
+)  # fmt: skip
+def test_a_sweeps_jobs_composed_from_a_cached_base_equal_hydras_own_composition(command, jobs):
+    """bridge.JobComposer (the fast check of a big sweep) gives every job exactly the config
+    Hydra composes for it: the same values, choices and task overrides."""
+    from nyscli import bridge
+
+    with bridge.composer(command) as composing:
+        cached = bridge.JobComposer(composing, command)
+        for job in jobs:
+            fast, full = cached.compose(job), bridge._compose_job(composing, command, job)
+            assert list(fast.hydra.overrides.task) == list(full.hydra.overrides.task)
+            assert fast.hydra.runtime.choices == full.hydra.runtime.choices
+            for cfg in (fast, full):
+                with open_dict(cfg):
+                    del cfg["hydra"]
+            assert OmegaConf.to_container(fast, resolve=True) == OmegaConf.to_container(
+                full, resolve=True
+            )
