@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,11 +56,11 @@ from nyscli.files import write_csv, write_json, write_text
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.sweeps import per_attention
 from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
-from nyscli.train.loop import Terminated, sigterm_raises
 from nyscli.train.resume import RESUMED_FROM_FILE
 
 log = logging.getLogger("nys")
@@ -626,8 +625,8 @@ def launch(command: str, arguments: list[str]) -> int:
         try:
             return _launch(command, arguments)
         except KeyboardInterrupt as stop:  # before a run folder was claimed
-            console.print(f"[red]error:[/] {_stopped(stop)}; nothing was written", highlight=False)
-            return _stop_code(stop)
+            console.print(f"[red]error:[/] {stopped(stop)}; nothing was written", highlight=False)
+            return stop_code(stop)
 
 
 def _given_dir(overrides: list[str]) -> Path:
@@ -652,14 +651,6 @@ def _hydra_reraises() -> Iterator[None]:
             del os.environ["HYDRA_FULL_ERROR"]
         else:
             os.environ["HYDRA_FULL_ERROR"] = before
-
-
-def _stopped(stop: KeyboardInterrupt) -> str:
-    return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
-
-
-def _stop_code(stop: KeyboardInterrupt) -> int:
-    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def _launch(command: str, arguments: list[str]) -> int:
@@ -736,9 +727,9 @@ def _launch(command: str, arguments: list[str]) -> int:
             discard_failed(fresh, made_parents)
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
-        line = f"{_stopped(stop)}{where}"
+        line = f"{stopped(stop)}{where}"
         console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
-        return _stop_code(stop)
+        return stop_code(stop)
     except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
         # the jobs that did finish still get their summary, and the lost ones are listed.

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.paths import CONF_DIR
+from nyscli.stops import sigterm_raises, stop_code, stopped
 
 # Only typer, rich and the config folder at import time: torch, Hydra and the experiments load
 # when a command runs, so ``nys --help`` and tab completion answer in well under a second.
@@ -68,7 +69,10 @@ def run_hydra_command(
 
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
-    from nyscli.bridge import launch
+    try:  # torch and Hydra load here (seconds): Typer would turn Ctrl-C into a silent 130
+        from nyscli.bridge import launch
+    except KeyboardInterrupt as stop:
+        fail(f"{stopped(stop)}; nothing was written", stop_code(stop))
 
     given = {key: value for key, value in typed.items() if value is not None}
     for override in overrides or []:
@@ -339,7 +343,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def main() -> None:
     """The ``nys`` entry point. Typer's usage errors (an unknown option, ``--steps abc``) are
-    one line and exit code 2 here, instead of Typer's multi-line panel."""
+    one line and exit code 2 here, instead of Typer's multi-line panel. Ctrl-C or SIGTERM at
+    any moment, also while torch is still being imported, is one line too (exit 130 / 143)."""
+    with sigterm_raises():
+        code = _main()
+    sys.exit(code or 0)
+
+
+def _main() -> int:
     try:
         code = app(standalone_mode=False)
     except click_errors.NoArgsIsHelpError as error:
@@ -351,10 +362,15 @@ def main() -> None:
         hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
         console.print(f"[red]error:[/] {escape(message)}{hint}", highlight=False, soft_wrap=True)
         code = error.exit_code
-    except typer.Abort:
-        console.print("[red]error:[/] aborted", highlight=False)
-        code = 1
-    sys.exit(code or 0)
+    except (typer.Abort, KeyboardInterrupt) as error:
+        # click turns a KeyboardInterrupt (Ctrl-C, or our SIGTERM) into Abort
+        stop = error if isinstance(error, KeyboardInterrupt) else error.__context__
+        if not isinstance(stop, KeyboardInterrupt):
+            console.print("[red]error:[/] aborted", highlight=False)
+            return 1
+        console.print(f"[red]error:[/] {stopped(stop)}", highlight=False)
+        code = stop_code(stop)
+    return code
 
 
 if __name__ == "__main__":

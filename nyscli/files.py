@@ -44,7 +44,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:  # name the file the user asked for, not our temp name
+        raise type(error)(error.errno, error.strerror, str(path)) from None
     # mkstemp makes the temp file 0600 whatever the umask; the file it becomes should be
     # readable as any file the user creates (0644 under the usual umask 022), like open() does.
     os.fchmod(fd, 0o666 & ~current_umask())

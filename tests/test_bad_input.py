@@ -73,7 +73,6 @@ BAD_VALUES = [
     ("finetune", ["trainer.lr=-1"], "trainer.lr=-1"),
     # Upper bounds: 64-bit integers, finite numbers, threads a few per core.
     ("finetune", ["seed=99999999999999999999999"], "seed=99999999999999999999999 is not allowed"),
-    ("lra", ["trainer.batch_size=9223372036854775808"], "(64-bit)"),
     ("bench", ["threads=99999999999999999999"], "threads=99999999999999999999"),
     ("lra", ["threads=100000"], "threads=100000 is not allowed; it must be an integer from 1 to"),
     ("finetune", ["epochs=inf"], "epochs=inf is not allowed; it must be a finite number"),
@@ -83,6 +82,13 @@ BAD_VALUES = [
     ("bench", ["timeout_s=inf"], "timeout_s=inf"),
     ("approx_error", ["scale=-inf"], "scale=-inf"),
     ("approx_error", ["budgets=[64,99999999999999999999]"], "budgets=[64,99999999999999999999]"),
+    # Sizes that become tensor dimensions are bounded by what any machine can allocate.
+    ("lra", ["task.max_len=9223372036854775807"], "it must be an integer from 1 to 1048576"),
+    ("lra", ["model.dim=100000"], "model.dim=100000"),
+    ("lra", ["trainer.batch_size=9223372036854775807"], "from 1 to 65536"),
+    ("finetune", ["task.max_len=2000000"], "task.max_len=2000000"),
+    ("pretrain", ["tokenizer.vocab_size=99999999999"], "tokenizer.vocab_size=99999999999"),
+    ("bench", ["hidden=9999999"], "hidden=9999999"),
 ]
 
 
@@ -527,3 +533,13 @@ def test_the_memory_estimate_is_above_the_measured_peak_and_not_far_above():
 
     estimate = memory.estimated_bytes("smooth", 2048, 2, 64, 2, 64.0, 64, 8, True, True)
     assert 1.12 * 2**30 < estimate < 1.5 * 1.12 * 2**30
+
+
+def test_a_file_that_cannot_be_created_is_named_not_its_temp_file():
+    """atomic writes create a temp file beside the target: when that fails (a folder such as
+    /proc takes no files) the error names the file asked for, not .x.csv.1a2b.tmp."""
+    from nyscli.files import write_text
+
+    with pytest.raises(OSError) as raised:
+        write_text("x", Path("/proc/x.csv"))
+    assert raised.value.filename == "/proc/x.csv"

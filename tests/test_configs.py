@@ -152,7 +152,8 @@ def test_linformer_projections_are_sized_for_the_commands_longest_input():
 
 def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
     """One composition checks a single run and finds its folder (Hydra composes once more when
-    it runs it); a sweep composes its hydra node and then each job once."""
+    it runs it); a sweep composes its hydra node, then once per distinct set of group choices
+    (bridge.JobComposer): 2 for seed=1,2 (the base has none), 3 for attention=softmax,nystrom."""
     from hydra._internal.hydra import Hydra
 
     calls = []
@@ -164,7 +165,11 @@ def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
     assert (len(calls), plan.multirun) == (1, False)
     calls.clear()
     plan = plan_launch("bench", ["seq_lens=[64]", "seed=1,2"], multirun=True)
-    assert (len(calls), plan.multirun) == (3, True)
+    assert (len(calls), plan.multirun) == (2, True)
+    calls.clear()
+    overrides = ["attention_set=none", "attention=softmax,nystrom", "seed=1,2,3"]
+    plan = plan_launch("bench", overrides, multirun=True)
+    assert (len(calls), len(plan.jobs)) == (3, 6)
 
 
 @pytest.mark.parametrize(

@@ -365,9 +365,15 @@ def test_starts_from_a_real_nys_pretrain_run(run_nys, tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("epochs=0", "epochs=0 is not allowed; it must be a number > 0"),
-        ("task.max_len=2", "task.max_len=2 is not allowed; it must be an integer >= 3"),
-        ("warmup_ratio=1.5", "warmup_ratio=1.5 is not allowed; it must be a number >= 0 and < 1"),
+        ("epochs=0", "epochs=0 is not allowed; it must be a finite number > 0"),
+        (
+            "task.max_len=2",
+            "task.max_len=2 is not allowed; it must be an integer from 3 to 1048576",
+        ),
+        (
+            "warmup_ratio=1.5",
+            "warmup_ratio=1.5 is not allowed; it must be a finite number >= 0 and < 1",
+        ),
         ("init=/no/such/run", "init=/no/such/run is not a pretrained checkpoint; expected scratch"),
         ("scratch.like=/no/run", "scratch.like=/no/run is not a pretrained checkpoint"),
         ("attention.num_landmarks=0", "num_landmarks"),

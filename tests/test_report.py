@@ -178,6 +178,25 @@ def test_a_results_table_missing_its_commands_columns_is_one_line(tmp_path):
     assert str(tmp_path / "odd") in message and "'scope'" in message and "bench" in message
 
 
+def test_a_results_table_read_as_attributes_missing_a_column_is_one_line(tmp_path):
+    """An lra folder whose results.csv lacks 'task' (its table reads rows as r.task): one line
+    naming the folder, not an AttributeError traceback."""
+    fake_run(tmp_path / "odd", "lra", [], {"status": "ok"})
+    with pytest.raises(UserInputError) as raised:
+        report.show_report([tmp_path])
+    message = str(raised.value)
+    assert str(tmp_path / "odd") in message and "'task'" in message and "lra" in message
+
+
+def test_a_binary_results_file_is_a_failed_run_not_a_table(tmp_path):
+    """pandas reads NUL bytes as a column name: the run would count with nonsense; it is
+    listed as failed, naming the file."""
+    run = fake_run(tmp_path / "bin", "lra", [], {"status": "ok"})
+    (run.path / "results.csv").write_bytes(b"\x00\xff" * 50)
+    loaded = load_run(run.path)
+    assert not loaded.ok and loaded.error.startswith("unreadable results.csv (ValueError)")
+
+
 def test_runs_are_listed_in_numeric_order_in_summary_and_report(tmp_path):
     """A sweep of 12 jobs and two single runs named by their budget: job 10 used to come
     before job 2 (and ``m128`` before ``m16``), so tables listed 88 and 96 before 16."""

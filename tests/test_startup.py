@@ -41,5 +41,5 @@ def test_completion_answers_without_heavy_modules():
         "COMP_CWORD": "2",
     }
     output, modules = _run_cli("None", env)
-    assert output.split() == ["attention=nystrom"]
+    assert output.split() == ["attention=nystrom", "attention=nystrom_local"]
     assert _heavy(modules) == set()

@@ -180,3 +180,30 @@ def test_sigterm_outside_the_training_loop_is_one_line_no_temp_files_no_workers(
     assert not [pid for pid in workers if _alive(pid)]
     assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
     assert not (tmp_path / "outputs").exists()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (/proc SigCgt mask)."""
+    with open(f"/proc/{pid}/status") as handle:
+        mask = next(line.split()[1] for line in handle if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def test_sigterm_while_torch_is_still_loading_is_one_line(tmp_path):
+    """The moment nys's entry point takes SIGTERM (before torch and Hydra have loaded), a
+    termination is one line and exit 143; Typer used to turn it into a silent exit 130."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "nyscli.cli", "approx-error", "seq_len=64"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not _catches(run.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run.send_signal(signal.SIGTERM)
+    out = run.communicate(timeout=60)[0]
+    assert run.returncode == 143, out
+    assert out.strip().splitlines()[-1].startswith("error: terminated (SIGTERM)"), out
+    assert "Traceback" not in out and not (tmp_path / "outputs").exists()

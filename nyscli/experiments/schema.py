@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nyscli.attention import check_config
 from nyscli.rules import Bool, Choice, ChoiceList, Float, Int, IntList, Rule, Text  # noqa: F401
-from nyscli.train.config import TRAINER
+from nyscli.train.config import BATCH, TRAINER  # noqa: F401  (BATCH: one source)
 
 _ABSENT = object()
 
@@ -64,15 +64,21 @@ PROBABILITY = Float(low=0.0, high=1.0, high_open=True)  # dropout-like: 1 would 
 DEVICE = Text()  # auto | cpu | cuda[:i], checked against the machine by each command
 COUNT = Int(low=1)
 OPTIONAL_COUNT = Int(low=1, null=True)
+# Sizes that become tensor dimensions: beyond these a table or activation cannot be allocated
+# on any machine nys runs on (a 2^63 position table overflowed torch in a traceback).
+TOKENS = Int(low=1, high=2**20)  # a sequence length: 1,048,576 tokens (the paper's longest: 8,192)
+WIDTH = Int(low=1, high=2**16)  # a hidden size
+FFN_WIDTH = Int(low=1, high=2**18)
+LAYERS = Int(low=1, high=1024)  # layers or heads
 
 # The encoder of lra / pretrain / finetune (conf/model/).
 MODEL: dict[str, Rule] = {
-    "dim": COUNT,
-    "depth": COUNT,
-    "num_heads": COUNT,
-    "ffn_dim": COUNT,
+    "dim": WIDTH,
+    "depth": LAYERS,
+    "num_heads": LAYERS,
+    "ffn_dim": FFN_WIDTH,
     "dropout": PROBABILITY,
-    "max_len": COUNT,
+    "max_len": TOKENS,
     "nystrom_conv_kernel_size": Int(low=0),
 }
 

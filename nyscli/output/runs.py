@@ -71,7 +71,12 @@ def load_run(path: Path) -> RunFolder:
     command = str(config.get("command", "unknown"))
     results_file = path / RESULTS_FILE
     try:
-        results = pd.read_csv(results_file) if results_file.exists() else None
+        results = None
+        if results_file.exists():
+            with open(results_file, "rb") as handle:
+                if b"\x00" in handle.read(65536):  # pandas reads such bytes as a column name
+                    raise ValueError("binary, not CSV")
+            results = pd.read_csv(results_file)
     except Exception as error:  # pandas raises many types for empty or corrupt CSVs
         reason = f"unreadable {RESULTS_FILE} ({type(error).__name__}); not counted"
         return RunFolder(path, command, [str(o) for o in overrides], None, reason)

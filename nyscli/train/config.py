@@ -16,6 +16,8 @@ MONITOR_MODES = ("max", "min")
 _COUNT = Int(low=1)
 _OPTIONAL_COUNT = Int(low=1, null=True)
 _PROBABILITY = Float(low=0.0, high=1.0, high_open=True)
+# Examples in one batch: more is no batch any machine nys runs on holds in memory.
+BATCH = Int(low=1, high=2**16)
 
 # What each trainer setting may hold, the one source: TrainerConfig.check and the CLI's config
 # check (nyscli.experiments.schema) both read it.
@@ -24,7 +26,7 @@ TRAINER: dict[str, Rule] = {
     # shows in both and the error should name the key the user gave.
     "planned_steps": _OPTIONAL_COUNT,
     "max_steps": _COUNT,
-    "batch_size": _COUNT,
+    "batch_size": BATCH,
     "accumulate": _COUNT,
     "lr": Float(low=0.0, low_open=True),
     "weight_decay": Float(low=0.0),
@@ -38,7 +40,7 @@ TRAINER: dict[str, Rule] = {
     "precision": Choice(PRECISIONS),
     "eval_every": _COUNT,
     "eval_examples": _OPTIONAL_COUNT,
-    "eval_batch_size": _OPTIONAL_COUNT,
+    "eval_batch_size": Int(low=1, high=BATCH.high, null=True),
     "log_every": _COUNT,
     "checkpoint_every": _OPTIONAL_COUNT,
     "monitor": Text(),

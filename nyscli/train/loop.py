@@ -28,6 +28,7 @@ from torch import nn
 
 from nyscli.errors import UserInputError
 from nyscli.output.curves import is_rate
+from nyscli.stops import Terminated, sigterm_raises
 from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
 from nyscli.train.checkpoint import (
@@ -85,28 +86,6 @@ class FitResult:
         if self.steady_seconds > 0:
             return self.steady_tokens / self.steady_seconds
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else math.nan
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block SIGTERM raises :class:`Terminated` (main thread only), so a
-    termination unwinds like Ctrl-C: atomic writes remove their temp files."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

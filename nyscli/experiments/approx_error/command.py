@@ -39,7 +39,7 @@ SYNTHETIC_SEQ_LEN = 4096
 RULES: dict[str, schema.Rule] = {
     "source": schema.Choice(values=sources.SOURCES),
     "seq_len": schema.OPTIONAL_COUNT,
-    "head_dim": schema.COUNT,
+    "head_dim": schema.WIDTH,
     "heads": schema.COUNT,
     "max_sequences": schema.COUNT,
     "svd_max_seq_len": schema.COUNT,

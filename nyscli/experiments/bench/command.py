@@ -40,9 +40,9 @@ MODES = ("forward", "train")
 
 RULES: dict[str, schema.Rule] = {
     "seq_lens": schema.IntList(low=1),
-    "batch_size": schema.COUNT,
-    "hidden": schema.COUNT,
-    "num_heads": schema.COUNT,
+    "batch_size": schema.BATCH,
+    "hidden": schema.WIDTH,
+    "num_heads": schema.LAYERS,
     "scope": schema.ChoiceList(values=SCOPES),
     "mode": schema.Choice(values=MODES),
     "dtype": schema.Choice(values=tuple(DTYPES)),

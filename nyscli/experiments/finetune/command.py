@@ -96,7 +96,7 @@ __all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's 
 
 
 RULES: dict[str, schema.Rule] = {
-    "task.max_len": schema.Int(low=3),  # a pair needs [CLS] and two [SEP]
+    "task.max_len": schema.Int(low=3, high=schema.TOKENS.high),  # [CLS] and two [SEP]
     "task.dev_examples": schema.OPTIONAL_COUNT,
     "task.test_examples": schema.OPTIONAL_COUNT,
     "task.train_examples": schema.OPTIONAL_COUNT,

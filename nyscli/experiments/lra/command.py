@@ -73,7 +73,7 @@ GENERATED: dict[str, schema.Rule] = {
 # The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
 RULES: dict[str, schema.Rule] = {
     **schema.prefixed("data.generate", GENERATED),
-    "task.max_len": schema.COUNT,
+    "task.max_len": schema.TOKENS,
     "task.test_examples": schema.OPTIONAL_COUNT,
     "task.pooling": schema.Choice(values=POOLINGS),
     **schema.prefixed(

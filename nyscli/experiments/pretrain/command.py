@@ -101,7 +101,7 @@ RULES: dict[str, schema.Rule] = {
     "tokenizer.kind": schema.Choice(values=TOKENIZER_KINDS),
     "tokenizer.path": schema.Text(null=True),
     # The five special tokens and a basic alphabet must fit.
-    "tokenizer.vocab_size": schema.Int(low=100),
+    "tokenizer.vocab_size": schema.Int(low=100, high=2**22),  # a 4M-row embedding at most
     "tokenizer.min_frequency": schema.COUNT,
 }
 

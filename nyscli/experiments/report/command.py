@@ -3,6 +3,7 @@ folders (a sweep, a few single runs, or all of outputs/)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,8 +88,9 @@ def _rendered(
     """``render(df)``, or one line naming the runs whose results.csv lacks a column it needs."""
     try:
         return render(df)
-    except KeyError as error:
-        column = str(error.args[0]) if error.args else "?"
+    except (KeyError, AttributeError) as error:  # a missing column, by name or as r.<column>
+        found = re.search(r"attribute '(\w+)'", str(error))
+        column = found.group(1) if found else str(error.args[0]) if error.args else "?"
         lacking = [str(r.path) for r in runs if r.ok and column not in r.results.columns]
         raise UserInputError(
             f"{', '.join(lacking) or 'these runs'}: results.csv lacks the column '{column}' "
