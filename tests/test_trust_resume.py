@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from nyscli.train import ShuffledBatches
+from nyscli.train.errors import CheckpointError
 from nyscli.train.resume import Change, setup_changes
 from tests.helpers import LRA_TINY as TINY
 from tests.helpers import run_folders
@@ -114,7 +116,7 @@ def test_resume_true_takes_the_newest_unfinished_run_no_run_has_continued(tmp_pa
         OmegaConf.save(OmegaConf.create(saved), folder / ".hydra" / "config.yaml")
         if saves:
             (folder / "checkpoints").mkdir()
-            (folder / "checkpoints" / "last.pt").write_bytes(b"x")
+            torch.save({}, folder / "checkpoints" / "last.pt")
             os.utime(folder / "checkpoints" / "last.pt", (1e9 + age, 1e9 + age))
         if finished:
             (folder / "results.csv").write_text("status\nok\n")
@@ -135,6 +137,10 @@ def test_resume_true_takes_the_newest_unfinished_run_no_run_has_continued(tmp_pa
     assert chosen() == ("c", False)
     (c / "results.csv").write_text("status\nok\n")
     assert chosen() == ("c", True)  # the newest of b and c: both finished
+    (c / "results.csv").unlink()
+    (c / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 cut short")  # a truncated save
+    with pytest.raises(CheckpointError, match=r"c/checkpoints/last.pt is corrupt or unreadable"):
+        chosen()  # before any data is loaded
 
 
 def test_a_change_that_shapes_the_weights_is_refused_before_any_data(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,21 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             f"checkpoint {path} is not a nys trainer checkpoint (format {FORMAT} expected)"
         )
     return state
+
+
+def check_complete(path: Path) -> None:
+    """CheckpointError (the line :func:`load_checkpoint` gives) unless ``path`` is a complete
+    torch zip file. Reads only its directory at the end (milliseconds whatever the size), so a
+    resume finds a truncated or foreign file before loading any data."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or unreadable ({reason}); resume from another "
+            "run folder, or start fresh with resume=false"
+        ) from None
 
 
 def load_best(model: torch.nn.Module, folder: Path, device: str | torch.device = "cpu") -> bool:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from nyscli.errors import UserInputError
 from nyscli.files import write_text
 from nyscli.output.runs import RESULTS_FILE
-from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
+from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST, check_complete
 from nyscli.train.errors import CheckpointError
 
 RESUME_CHANGES = ("refuse", "allow")
@@ -211,7 +211,10 @@ def plan_resume(
             f"{', '.join(map(str, changes))}; drop those overrides, or add resume_changes=allow "
             "to resume with them (both values are recorded)"
         )
-    return ResumePlan(checkpoint, tuple(changes), is_finished(run))
+    finished = is_finished(run)
+    if not finished:
+        check_complete(checkpoint)  # a truncated file: one line now, not after the data
+    return ResumePlan(checkpoint, tuple(changes), finished)
 
 
 def _newest_identical(
@@ -241,7 +244,9 @@ def _newest_identical(
         )
     unfinished = [c for c in candidates if not is_finished(c[2].parent.parent)]
     last = max(unfinished or candidates)[2]
-    return ResumePlan(last, (), is_finished(last.parent.parent))
+    if unfinished:
+        check_complete(last)
+    return ResumePlan(last, (), not unfinished)
 
 
 def _continued_runs(runs_root: Path) -> set[Path]:
