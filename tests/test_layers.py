@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
         "nyscli.errors",
         "nyscli.rules",
         "nyscli.files",
+        "nyscli.stops",
         "nyscli.console",
         "nyscli.paths",
         "nyscli.conf",
