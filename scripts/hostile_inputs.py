@@ -8,7 +8,7 @@ folder (a run that had produced something keeps it, marked failed).
 
     .venv/bin/python scripts/hostile_inputs.py --out docs/results/hostile-inputs.md
 
-Needs about 6 minutes on 2 cores; a tmpfs mount (root) adds the full-disk cases.
+Needs about 7 minutes on 2 cores.
 """
 
 from __future__ import annotations
