@@ -62,11 +62,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         # weights_only=False: the state holds RNG states and python objects we wrote ourselves.
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as error:  # torch raises many types for truncated or foreign files
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({reason}); resume from another "
-            "run folder, or start fresh with resume=false"
-        ) from None
+        raise _unreadable(path, error) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
             f"checkpoint {path} is not a nys trainer checkpoint (format {FORMAT} expected)"
@@ -82,11 +78,16 @@ def check_complete(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             archive.infolist()
     except (zipfile.BadZipFile, OSError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({reason}); resume from another "
-            "run folder, or start fresh with resume=false"
-        ) from None
+        raise _unreadable(path, error) from None
+
+
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    """The one line for a checkpoint that cannot be read: the first line of the reason."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+    return CheckpointError(
+        f"checkpoint {path} is corrupt or unreadable ({reason}); resume from another "
+        "run folder, or start fresh with resume=false"
+    )
 
 
 def load_best(model: torch.nn.Module, folder: Path, device: str | torch.device = "cpu") -> bool:
