@@ -48,6 +48,21 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     assert straight_test == pytest.approx(resumed_test, abs=1e-6)
 
 
+def test_a_time_limit_stops_at_a_saved_step_and_the_resume_matches_a_straight_run(tmp_path):
+    straight, train, dev = make_trainer(tmp_path / "straight")
+    straight.fit(train, dev)
+    # A limit already spent when the first update ends: one update, then a save.
+    first, train, dev = make_trainer(tmp_path / "first", stop_after_minutes=1e-9)
+    cut = first.fit(train, dev)
+    assert not cut.completed and cut.step == 1
+    assert load_checkpoint(tmp_path / "first" / "checkpoints" / LAST)["step"] == 1
+    second, train, dev = make_trainer(tmp_path / "second", stop_after_minutes=60.0)
+    done = second.fit(train, dev, resume_from=tmp_path / "first" / "checkpoints" / LAST)
+    assert done.completed and done.step == 8
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "second")
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=0, atol=1e-6)
+
+
 def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer, train, dev = make_trainer(tmp_path, eval_every=2)
     calls = {"n": 0}

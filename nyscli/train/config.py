@@ -18,6 +18,7 @@ _OPTIONAL_COUNT = Int(low=1, null=True)
 _PROBABILITY = Float(low=0.0, high=1.0, high_open=True)
 # Examples in one batch: more is no batch any machine nys runs on holds in memory.
 BATCH = Int(low=1, high=2**16)
+MAX_MINUTES = 60.0 * 24 * 366  # a year: a time limit beyond it is a typo
 
 # What each trainer setting may hold, the one source: TrainerConfig.check and the CLI's config
 # check (nyscli.experiments.schema) both read it.
@@ -47,6 +48,7 @@ TRAINER: dict[str, Rule] = {
     "monitor_mode": Choice(MONITOR_MODES),
     "bucket": _COUNT,
     "stop_at_step": _OPTIONAL_COUNT,
+    "stop_after_minutes": Float(low=0.0, low_open=True, high=MAX_MINUTES, null=True),
     "progress": Bool(),
     "nproc_per_node": _COUNT,
 }
@@ -81,6 +83,9 @@ class TrainerConfig:
     monitor_mode: str = "max"  # max | min
     bucket: int = 1  # >1: length-bucketed batches (windows of this many batches)
     stop_at_step: int | None = None  # stop early (checkpoint kept) to resume later
+    # Stop (checkpoint kept) after this many minutes of this process's training: resumable
+    # chunks that fit a time-limited job (a lent GPU, a SLURM slot); null = no limit.
+    stop_after_minutes: float | None = None
     progress: bool = True  # rich progress bar
     # Ranks started inside the job (torch elastic launcher); batch_size is then per rank.
     nproc_per_node: int = 1

@@ -68,7 +68,8 @@ def throughput_warmup(max_steps: int) -> int:
 
 @dataclass
 class FitResult:
-    """Where training ended. ``completed`` is False when ``stop_at_step`` cut it short."""
+    """Where training ended. ``completed`` is False when ``stop_at_step`` or
+    ``stop_after_minutes`` cut it short."""
 
     step: int
     completed: bool
@@ -178,7 +179,8 @@ class Trainer:
     def fit(
         self, train: ShuffledBatches, dev: Iterable[Any], resume_from: Path | None = None
     ) -> FitResult:
-        """Train up to ``max_steps`` updates (or ``stop_at_step``), evaluating on ``dev``.
+        """Train up to ``max_steps`` updates (or ``stop_at_step``, or ``stop_after_minutes``),
+        evaluating on ``dev``.
 
         ``resume_from``: a ``last.pt`` checkpoint; model, optimizer, schedule, scaler, RNGs,
         data position and best-so-far continue from it and its metrics rows are carried over.
@@ -197,10 +199,14 @@ class Trainer:
         self.metrics.start(keep_until=self.step, source=source)
         batches = iter(train)
         stop = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
+        deadline = None
+        if cfg.stop_after_minutes is not None:
+            deadline = time.monotonic() + 60.0 * cfg.stop_after_minutes
+        out_of_time = False
         with self._interruptible(), self._progress() as progress:
             self._live = progress
             bar = progress.add_task("train", total=cfg.max_steps, completed=self.step, status="")
-            while self.step < stop:
+            while self.step < stop and not out_of_time:
                 lr = self._update(batches)
                 if self.step % cfg.log_every == 0:
                     self._log_train(lr)
@@ -208,7 +214,8 @@ class Trainer:
                 evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
                 if evaluated:
                     status = self._evaluate_dev(dev)
-                if self.step % cfg.save_every == 0 or self.step == stop:
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                if self.step % cfg.save_every == 0 or self.step == stop or out_of_time:
                     self._save_last()
                 if status:
                     progress.update(bar, status=status)

@@ -41,6 +41,7 @@ RUN_CONTROL = (
     "data_cache",
     "trainer.progress",
     "trainer.stop_at_step",
+    "trainer.stop_after_minutes",
     "trainer.log_every",
     "trainer.eval_batch_size",
     "logger",  # where the rows are also logged (TensorBoard, MLflow), not what is trained
