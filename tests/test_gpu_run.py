@@ -1,0 +1,50 @@
+"""scripts/gpu_run at toy size on the CPU: the GPU run's path (bench, chunked LRA, results file)."""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_run"
+
+
+def gpu_run(out: Path) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, str(SCRIPT), str(out), "--toy", "--skip", "text"]
+    args += ["--attentions", "nystrom"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+
+
+def test_the_gpu_script_at_toy_size_benches_trains_in_resumed_chunks_and_reports(tmp_path):
+    out = tmp_path / "gpu"
+    done = gpu_run(out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = (out / "gpu_results.md").read_text()
+
+    # The bench table shows each row's time and its speed-up over SDPA from results.csv.
+    with open(out / "bench" / "core-bf16" / "results.csv", newline="") as handle:
+        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    sdpa, nystrom = float(rows["softmax"]["time_ms"]), float(rows["nystrom"]["time_ms"])
+    cell = re.search(r"\| nystrom-16 \| ([\d.]+) ms, \d+ MB \(([\d.]+)×", report)
+    assert cell is not None, report
+    assert float(cell[1]) == round(nystrom, 2)
+    assert float(cell[2]) == round(sdpa / nystrom, 2)
+
+    # The LRA cell ran in two chunks, the second resuming the first, to the planned 6 steps.
+    cell_dir = out / "lra" / "listops-nystrom"
+    assert (cell_dir / "chunk-1" / "resumed_from.txt").read_text().strip() == str(
+        cell_dir / "chunk-0"
+    )
+    with open(cell_dir / "chunk-1" / "results.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["status"], row["steps"]) == ("ok", "6")
+    assert "| listops-nystrom | 2 | ok | 6 / 6 |" in report
+
+    # Run again: everything is done, nothing is run again.
+    log = (out / "gpu_run.log").read_text()
+    again = gpu_run(out)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (out / "gpu_run.log").read_text() == log
