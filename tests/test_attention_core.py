@@ -244,6 +244,39 @@ def test_gradcheck_nystrom_and_multihead():
     assert torch.autograd.gradcheck(mha, (x,))
 
 
+def test_training_recomputes_the_pinv_instead_of_keeping_its_iterates(monkeypatch):
+    """The masked path keeps only A for the pinv's backward (its iterates are recomputed):
+    the same output and gradients in float64 as autograd through the iteration, and the
+    tensors kept for backward shrink by the iterates' size (exact bytes, not a timing)."""
+    q, k, v = (t.requires_grad_() for t in smooth_qkv(2, 3, 96, 8, seed=11))
+    mask = torch.ones(2, 96, dtype=torch.bool)
+    mask[1, 70:] = False
+    weights = torch.randn(
+        2, 3, 96, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4)
+    )
+    core = nystrom(num_landmarks=16)
+
+    def run() -> tuple[list[torch.Tensor], int]:
+        kept: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            kept[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = core(q, k, v, mask)
+        return [out, *torch.autograd.grad((out * weights).sum(), (q, k, v))], sum(kept.values())
+
+    recomputed, kept_bytes = run()
+    monkeypatch.setattr(type(core), "recomputed_pseudo_inverse", type(core).pseudo_inverse)
+    plain, plain_bytes = run()
+    for got, want in zip(recomputed, plain, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # Each of the 6 iterations keeps six (B, H, m, m) tensors for autograd (36 in all).
+    iterate = 2 * 3 * 16 * 16 * 8
+    assert plain_bytes - kept_bytes >= 6 * 6 * iterate
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_cpu_training_path_equals_plain_autograd(dtype):
     """Unpadded segment means with m | n train through one autograd node on CPU: same output

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from nyscli.attention.chunking import by_length
 from nyscli.attention.core import Core, configure
@@ -217,5 +218,17 @@ class NystromAttention(Core):
             bv = bv * exists[:, None, :, None].to(bv.dtype)
         with torch.autocast(device_type=q_land.device.type, enabled=False):
             # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
-            z = self.pseudo_inverse(a)
+            z = self.recomputed_pseudo_inverse(a)
             return (z @ bv.to(z.dtype)).to(v.dtype)
+
+    def recomputed_pseudo_inverse(self, a: Tensor) -> Tensor:
+        """:meth:`pseudo_inverse` of a (B, H, m, m) that keeps only ``a`` for backward.
+
+        Autograd would keep every iterate's products (six m x m tensors an iteration:
+        ~110 MB a layer for MiniLM at batch 16, more than SDPA keeps for a whole softmax layer
+        at n = 512), so in training the iteration runs again in backward: O(m^3) a head, small
+        next to the core's O(n m d) products.
+        """
+        if self.pinv == "exact" or not (torch.is_grad_enabled() and a.requires_grad):
+            return self.pseudo_inverse(a)
+        return checkpoint(self.pseudo_inverse, a, use_reentrant=False, preserve_rng_state=False)
