@@ -63,6 +63,26 @@ def test_a_time_limit_stops_at_a_saved_step_and_the_resume_matches_a_straight_ru
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=0, atol=1e-6)
 
 
+def test_compile_sends_only_training_steps_through_torch_compile(tmp_path, monkeypatch):
+    # A real compile takes minutes on this model (it recompiles for each padded length): the
+    # wiring is what is tested here, with a compile that records the module and its calls.
+    compiled, calls = [], []
+
+    def record(module):
+        compiled.append(module)
+        return lambda *args: calls.append(args) or module(*args)
+
+    monkeypatch.setattr(torch, "compile", record)
+    trainer, train, dev = make_trainer(tmp_path / "compiled", compile=True)
+    trainer.fit(train, dev)
+    assert compiled == [trainer.parallel] and len(calls) == 8  # 8 updates, no evaluation
+    plain, train, dev = make_trainer(tmp_path / "plain")
+    plain.fit(train, dev)
+    pd.testing.assert_frame_equal(metrics(tmp_path / "compiled"), metrics(tmp_path / "plain"))
+    saved = load_checkpoint(tmp_path / "compiled" / "checkpoints" / LAST)["model"]
+    assert list(saved) == list(plain.model.state_dict())  # no "_orig_mod." prefixes
+
+
 def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer, train, dev = make_trainer(tmp_path, eval_every=2)
     calls = {"n": 0}

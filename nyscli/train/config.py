@@ -50,6 +50,7 @@ TRAINER: dict[str, Rule] = {
     "stop_at_step": _OPTIONAL_COUNT,
     "stop_after_minutes": Float(low=0.0, low_open=True, high=MAX_MINUTES, null=True),
     "progress": Bool(),
+    "compile": Bool(),
     "nproc_per_node": _COUNT,
 }
 
@@ -87,6 +88,9 @@ class TrainerConfig:
     # chunks that fit a time-limited job (a lent GPU, a SLURM slot); null = no limit.
     stop_after_minutes: float | None = None
     progress: bool = True  # rich progress bar
+    # torch.compile the training forward (evaluation, checkpoints and the optimizer use the
+    # model itself): measured no faster on a 2-core CPU for the LRA model, so off by default.
+    compile: bool = False
     # Ranks started inside the job (torch elastic launcher); batch_size is then per rank.
     nproc_per_node: int = 1
 

@@ -148,6 +148,9 @@ class Trainer:
         # writes metrics.csv and checkpoints.
         self.main = distributed.is_main()
         self.parallel = distributed.data_parallel(self.model)
+        # Training steps only: a compiled module's state dict would prefix every key, and
+        # evaluation batches of other shapes would compile again.
+        self.forward = torch.compile(self.parallel) if config.compile else self.parallel
         self.objective = objective
         self.config = config
         self.run_dir = Path(run_dir)
@@ -303,7 +306,7 @@ class Trainer:
             # DDP averages the gradients in the last micro-batch's backward only.
             with distributed.no_sync(self.parallel, micro == cfg.accumulate - 1):
                 with self._autocast():
-                    result = self.objective(self.parallel, batch)
+                    result = self.objective(self.forward, batch)
                 loss = float(result.loss.detach())
                 # Every rank runs every backward, even after a bad loss: the last one is a
                 # collective, and the update is dropped below anyway.

@@ -40,6 +40,7 @@ RUN_CONTROL = (
     "device",
     "data_cache",
     "trainer.progress",
+    "trainer.compile",  # how the same forward runs, not what it computes
     "trainer.stop_at_step",
     "trainer.stop_after_minutes",
     "trainer.log_every",
