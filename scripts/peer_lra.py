@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""nys's LRA model beside the Nyströmformer authors' own LRA code, same model, same batches.
+
+    git clone https://github.com/mlpen/Nystromformer /tmp/peer     # once, online; not ours
+    .venv/bin/python scripts/peer_lra.py --peer /tmp/peer/LRA/code --attention nystrom
+    .venv/bin/python scripts/peer_lra.py --peer ... --attention softmax --train-steps 200
+
+Nothing of the peer's code is in this repository: it is imported from ``--peer`` at run time.
+Both models are built from the peer's own ``lra_config.py`` for ``--task`` (2 layers, width 64,
+2 heads of 32, FFN 128, dropout 0.1, mean pooling; Nyström-64 with conv skip 35, or softmax
+with the peer's gradient checkpointing and attention dropout as its config sets them), at the
+length the peer's code runs (``max_seq_len`` rounded up to a power of two: 2,048 for ListOps;
+its Nyström needs a length that ``num_landmarks`` divides). Each side's own optimizer: the
+peer's ``torch.optim.AdamW`` (its run_tasks.py), nys's fused AdamW.
+
+Speed: one training step of each on the same random batch of 32 full-length sequences, in
+turn, ``--rounds`` times; the median, as training tokens/s. ``--train-steps K``: both train K
+steps on the same generated ListOps batches (the release generator's settings, lengths up to
+the run's length) with the same linear warm-up/decay schedule, then both are scored on the same
+seeded 500 dev expressions (beside the majority class).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nyscli.models.classifier import build_classifier
+from nyscli.train.optim import build_optimizer
+from nyscli.train.schedule import warmup_decay_factor
+
+BATCH = 32
+PEER = "peer (mlpen LRA/code)"
+ATTENTIONS = {"nystrom": "nystrom-64", "softmax": "softmax"}
+
+
+def peer_model(peer: Path, task: str, attention: str) -> tuple[nn.Module, dict]:
+    """The peer's ModelForSC and its config (as its run_tasks.py builds them, on the CPU)."""
+    sys.path.insert(0, str(peer))
+    config_module = importlib.import_module("lra_config")
+    wrapper = importlib.import_module("model_wrapper")
+    task_config = config_module.config[task]
+    config = copy.deepcopy(task_config["model"])
+    config.update(task_config["extra_attn_config"][ATTENTIONS[attention]])
+    config["mixed_precision"] = False  # its autocast is CUDA's; fp32 like ours
+    config["attn_type"] = ATTENTIONS[attention]
+    config["max_seq_len"] = int(2 ** math.ceil(math.log2(config["max_seq_len"])))
+    config["seq_len"] = config["max_seq_len"]
+    return wrapper.ModelForSC(config), config
+
+
+def nys_model(config: dict, attention: str) -> nn.Module:
+    """nys's classifier with the peer config's sizes."""
+    spec = {"name": "softmax"}
+    if attention == "nystrom":
+        spec = {
+            "name": "nystrom",
+            "num_landmarks": config["num_landmarks"],
+            "conv_kernel_size": config["conv_kernel_size"],
+        }
+    model = {
+        "dim": config["transformer_dim"],
+        "depth": config["num_layers"],
+        "num_heads": config["num_head"],
+        "ffn_dim": config["transformer_hidden_dim"],
+        "dropout": config["dropout_prob"],
+        "pooling": config["pooling_mode"].lower(),
+    }
+    return build_classifier(
+        vocab_size=config["vocab_size"],
+        max_len=config["max_seq_len"],
+        num_classes=config["num_classes"],
+        model=model,
+        attention=spec,
+    )
+
+
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], float]
+
+
+def peer_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Step:
+    def step(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> float:
+        loss = model(input_ids_0=ids, mask_0=mask.float(), label=labels)["loss"].mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return float(loss.detach())
+
+    return step
+
+
+def nys_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Step:
+    def step(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> float:
+        loss = nn.functional.cross_entropy(model(ids, mask), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+class Side:
+    """One side of the comparison: its model, optimizer and training step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: Step) -> None:
+        self.model, self.optimizer, self.step = model, optimizer, step
+
+
+def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
+    torch.manual_seed(0)
+    peer, config = peer_model(opts.peer, opts.task, opts.attention)
+    ours = nys_model(config, opts.attention)
+    peer_opt = torch.optim.AdamW(peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    ours_opt = build_optimizer(ours, lr, eps=1e-6)
+    sides = {
+        PEER: Side(peer, peer_opt, peer_step(peer, peer_opt)),
+        "nys": Side(ours, ours_opt, nys_step(ours, ours_opt)),
+    }
+    for name, side in sides.items():
+        print(f"{name}: {sum(p.numel() for p in side.model.parameters()):,} parameters")
+    return sides, config
+
+
+def speed(opts: argparse.Namespace) -> None:
+    sides, config = build(opts, 1e-4)
+    steps = {name: side.step for name, side in sides.items()}
+    n = config["max_seq_len"]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, config["vocab_size"] - 1, (BATCH, n), generator=gen)
+    mask = torch.ones(BATCH, n, dtype=torch.bool)
+    labels = torch.randint(0, config["num_classes"], (BATCH,), generator=gen)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step(ids, mask, labels)  # warm-up
+    for _ in range(opts.rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(ids, mask, labels)
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(
+        f"{opts.task} n={n}, {opts.attention}, batch {BATCH}, {torch.get_num_threads()} "
+        f"threads, median of {opts.rounds} interleaved steps:"
+    )
+    for name, seconds in med.items():
+        print(f"  {name:24s} {1000 * seconds:7.0f} ms  {BATCH * n / seconds:10,.0f} tokens/s")
+    print(f"  nys / peer tokens/s: {med[PEER] / med['nys']:.2f}x")
+
+
+def listops_batches(n: int, count: int) -> tuple[list, list]:
+    """``count`` training batches and 500 dev examples of generated ListOps (the release's
+    lengths, 500-2000), padded to the run's length n."""
+    from nyscli.data.listops import ListOpsConfig, load_listops
+
+    cfg = ListOpsConfig(n_train=count * BATCH, n_val=500, n_test=BATCH, seed=0)
+    cache = Path.home() / ".cache" / "nyscli" / "data"
+    data = load_listops(cache_dir=cache, config=cfg, max_len=n, pad_to_max_len=True)
+    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(0)).tolist()
+    train = [
+        data.collate([data.train[i] for i in order[k : k + BATCH]])
+        for k in range(0, count * BATCH, BATCH)
+    ]
+    dev = [
+        data.collate([data.val[i] for i in range(k, min(k + BATCH, 500))])
+        for k in range(0, 500, BATCH)
+    ]
+    return train, dev
+
+
+@torch.no_grad()
+def accuracy(name: str, model: nn.Module, dev: list) -> float:
+    model.eval()
+    right = 0
+    for ids, mask, labels in dev:
+        if name == "nys":
+            logits = model(ids, mask)
+        else:
+            logits = model.seq_classifer(model.model(ids, mask.float()))  # its own forward
+        right += int((logits.argmax(-1) == labels).sum())
+    model.train()
+    return right / sum(len(b[2]) for b in dev)
+
+
+def train(opts: argparse.Namespace) -> None:
+    lr, warmup = 1e-3, max(1, opts.train_steps // 10)
+    sides, config = build(opts, lr)
+    batches, dev = listops_batches(config["max_seq_len"], opts.train_steps)
+    majority = max(torch.cat([b[2] for b in dev]).bincount()).item() / 500
+    for name, side in sides.items():
+        torch.manual_seed(1)  # the same dropout stream start for both
+        start, losses = time.perf_counter(), []
+        for k, (ids, mask, labels) in enumerate(batches):
+            for group in side.optimizer.param_groups:
+                group["lr"] = lr * warmup_decay_factor(k, warmup, opts.train_steps, "linear", 0.0)
+            losses.append(side.step(ids, mask, labels))
+        seconds = time.perf_counter() - start
+        print(
+            f"{name}: {opts.train_steps} steps in {seconds:.0f} s, last-50 loss "
+            f"{statistics.mean(losses[-50:]):.3f}, dev accuracy "
+            f"{100 * accuracy(name, side.model, dev):.1f}% (majority {100 * majority:.1f}%)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--peer", type=Path, required=True, help="the peer clone's LRA/code")
+    parser.add_argument("--task", default="listops", choices=["listops", "text", "image"])
+    parser.add_argument("--attention", default="nystrom", choices=sorted(ATTENTIONS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--train-steps", type=int, default=0)
+    opts = parser.parse_args()
+    if not (opts.peer / "model_wrapper.py").is_file():
+        parser.error(f"--peer {opts.peer}: no model_wrapper.py there (give the clone's LRA/code)")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    speed(opts)
+    if opts.train_steps:
+        if opts.task != "listops":
+            parser.error("--train-steps trains on generated ListOps: use --task listops")
+        train(opts)
+
+
+if __name__ == "__main__":
+    main()
