@@ -14,3 +14,6 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 # Run folders land under the current directory's outputs/<command>/.
 OUTPUT_ROOT = "outputs"
+
+# In a sweep folder: work its jobs share (approx-error's source cache), removed at its end.
+SWEEP_CACHE = ".cache"

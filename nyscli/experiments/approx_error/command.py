@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -22,6 +23,7 @@ from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_sp
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
+from nyscli.experiments.approx_error import cache as source_cache
 from nyscli.experiments.approx_error import memory as approx_memory
 from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
@@ -168,8 +170,19 @@ def text_bytes(cfg: DictConfig) -> int:
     return TEXT_BYTES_PER_TOKEN * seq_len(cfg) * int(cfg.max_sequences)
 
 
-def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
-    """The Q, K, V under study, one ``AttentionInputs`` per layer, in float64 on the CPU."""
+def source_text(cfg: DictConfig) -> str | None:
+    """The text a real model reads (``data.path``, else the built-in sample); None for the
+    synthetic sources."""
+    if cfg.source in ("gaussian", "smooth"):
+        return None
+    if cfg.data.path is None:
+        return SAMPLE_TEXT
+    return read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
+
+
+def load_inputs(cfg: DictConfig, text: str | None = None) -> list[sources.AttentionInputs]:
+    """The Q, K, V under study, one ``AttentionInputs`` per layer, in float64 on the CPU (a
+    real model's in its own dtype); ``text``: ``source_text(cfg)`` if already read."""
     n = seq_len(cfg)
     if cfg.source == "gaussian":
         return [sources.gaussian(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.seed)]
@@ -177,14 +190,34 @@ def load_inputs(cfg: DictConfig) -> list[sources.AttentionInputs]:
         return [
             sources.smooth(n, cfg.head_dim, cfg.heads, cfg.scale, cfg.correlation_length, cfg.seed)
         ]
-    text = (
-        SAMPLE_TEXT
-        if cfg.data.path is None
-        else read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
-    )
+    text = source_text(cfg) if text is None else text
     if cfg.source == "checkpoint":
         return sources.checkpoint(str(cfg.checkpoint), text, n, cfg.max_sequences)
     return sources.minilm(text, n, cfg.max_sequences)
+
+
+def source_settings(cfg: DictConfig, text: str | None, device: torch.device) -> dict[str, Any]:
+    """Exactly the settings that determine the source's Q, K, V and each head's exact attention
+    and SVD: the key of the work a sweep's jobs share (``cache``). No method's setting is in
+    it (budgets, attention.*, methods, baselines, plots), so a sweep over those computes the
+    source once; ``threads`` is left out too (it may change a last bit, never a result)."""
+    settings: dict[str, Any] = {
+        "source": str(cfg.source),
+        "seq_len": seq_len(cfg),
+        "dtype": str(cfg.dtype),
+        "device": str(device),
+    }
+    if text is None:  # synthetic: drawn from these alone
+        settings.update(head_dim=int(cfg.head_dim), heads=int(cfg.heads))
+        settings.update(scale=float(cfg.scale), seed=int(cfg.seed))
+        if cfg.source == "smooth":
+            settings["correlation_length"] = float(cfg.correlation_length)
+        return settings
+    settings.update(max_sequences=int(cfg.max_sequences), text=source_cache.text_digest(text))
+    if cfg.source == "checkpoint":
+        spec = str(cfg.checkpoint)
+        settings["checkpoint"] = [spec, source_cache.folder_fingerprint(spec)]
+    return settings
 
 
 def build_cores(
@@ -226,7 +259,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
 def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     """``run`` after validation, with the thread count set."""
     dtype, device = DTYPES[cfg.dtype], resolve_device(str(cfg.device))
-    layers = [inputs.to(dtype, device) for inputs in load_inputs(cfg)]
+    text = source_text(cfg)
+    cache = source_cache.SourceCache(
+        source_settings(cfg, text, device), source_cache.sweep_folder()
+    )
+    layers = cache.inputs(lambda: [x.to(dtype, device) for x in load_inputs(cfg, text)])
     b, h, n, d = layers[0].q.shape
     budget_list = budgets(cfg)
     itemsize = torch.finfo(dtype).bits // 8
@@ -251,7 +288,8 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         torch.no_grad(),
         ProgressLog(n_heads * (len(cores) + len(baselines)), n_heads, console) as bar,
     ):
-        for i, head in enumerate(iter_heads(layers, with_matrix)):
+        heads = iter_heads(layers, with_matrix, "svd" in baselines, cache.fetch)
+        for i, head in enumerate(heads):
             keep = (head.layer, head.sequence, head.head) == example
             recs, maps = evaluate_head(
                 head,
@@ -263,22 +301,9 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             )
             records += recs
             example_maps.update(maps)
+    cache.report()
 
-    df = pd.DataFrame.from_records(records)
-    df["budget"] = df["budget"].astype("Int64")
-    df.insert(0, "source", cfg.source)
-    df.insert(1, "seq_len", n)
-    df.insert(2, "head_dim", d)
-    synthetic = cfg.source not in ("minilm", "checkpoint")
-    df["scale"] = cfg.scale if synthetic else math.nan
-    df["correlation_length"] = cfg.correlation_length if cfg.source == "smooth" else math.nan
-    df["dtype"] = cfg.dtype
-    df["pinv"] = cfg.attention.pinv
-    df["pinv_iterations"] = cfg.attention.pinv_iterations
-    df["pinv_tolerance"] = cfg.attention.get("pinv_tolerance")
-    df["seed"] = cfg.seed
-    df["budget_unit"] = unit
-
+    df = results_frame(records, cfg, n, d)
     if not cfg.plots:
         return df
     plots.error_vs_budget(df, run_dir / "error_vs_budget.png")
@@ -294,6 +319,25 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             f"{cfg.source}: layer {example[0]}, head {example[2]}, n={n}; {symbol}={keep_budget}"
         )
         plots.attention_maps(example_maps, run_dir / "attention_maps.png", title)
+    return df
+
+
+def results_frame(records: list[dict[str, Any]], cfg: DictConfig, n: int, d: int) -> pd.DataFrame:
+    """``evaluate_head``'s records as ``run``'s frame: the source and run settings beside them."""
+    df = pd.DataFrame.from_records(records)
+    df["budget"] = df["budget"].astype("Int64")
+    df.insert(0, "source", cfg.source)
+    df.insert(1, "seq_len", n)
+    df.insert(2, "head_dim", d)
+    synthetic = cfg.source not in ("minilm", "checkpoint")
+    df["scale"] = cfg.scale if synthetic else math.nan
+    df["correlation_length"] = cfg.correlation_length if cfg.source == "smooth" else math.nan
+    df["dtype"] = cfg.dtype
+    df["pinv"] = cfg.attention.pinv
+    df["pinv_iterations"] = cfg.attention.pinv_iterations
+    df["pinv_tolerance"] = cfg.attention.get("pinv_tolerance")
+    df["seed"] = cfg.seed
+    df["budget_unit"] = cfg.get("budget_unit", "landmarks")
     return df
 
 

@@ -28,6 +28,8 @@ from nyscli.experiments.approx_error.metrics import (
 from nyscli.experiments.approx_error.sources import AttentionInputs
 
 Record = dict[str, Any]
+Entry = dict[str, Tensor]  # what ``fetch`` stores per head: named tensors
+Fetch = Callable[[str, Callable[[], Entry]], Entry]
 
 
 @dataclass
@@ -36,7 +38,9 @@ class Head:
 
     q, k, v: (1, 1, n, d); key_padding_mask: (1, n) or None; real: (n,) bool query/key mask;
     exact_output: (n_real, d) = S V on real rows; exact_matrix: (n_real, n) = S on real rows,
-    or None when n x n is too large to form.
+    or None when n x n is too large to form; svd: U (n_real, n_real), sigma (n_real,), V^T
+    (n_real, n_real) of S's real block when known beforehand (a sweep's shared work), else
+    ``svd_metrics`` computes them.
     """
 
     q: Tensor
@@ -49,6 +53,7 @@ class Head:
     layer: int = 0
     sequence: int = 0
     head: int = 0
+    svd: tuple[Tensor, Tensor, Tensor] | None = None  # of S's real block (``svd_factors``)
 
     @property
     def n_real(self) -> int:
@@ -58,34 +63,77 @@ class Head:
         return {"layer": self.layer, "sequence": self.sequence, "head": self.head, "n": self.n_real}
 
 
-def exact_head(
+def exact_attention(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, with_matrix: bool
-) -> Head:
-    """Exact softmax attention of one head; q, k, v: (1, 1, n, d), mask (1, n) or None."""
-    n = q.shape[2]
-    real = torch.ones(n, dtype=torch.bool, device=q.device)
-    if key_padding_mask is not None:
-        real = key_padding_mask[0]
+) -> Entry:
+    """Exact softmax attention of one head, q, k, v: (1, 1, n, d), mask (1, n) or None, on its
+    real rows: ``output`` (n_real, d) = S V and, ``with_matrix``, ``matrix`` (n_real, n) = S."""
+    real = real_tokens(q, key_padding_mask)
     if with_matrix:
         keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         s = masked_softmax(scores, keep)[0, 0][real]  # (n_real, n)
-        return Head(q, k, v, key_padding_mask, real, s @ v[0, 0], s)
-    out = SoftmaxAttention()(q, k, v, key_padding_mask)[0, 0][real]
-    return Head(q, k, v, key_padding_mask, real, out, None)
+        return {"output": s @ v[0, 0], "matrix": s}
+    return {"output": SoftmaxAttention()(q, k, v, key_padding_mask)[0, 0][real]}
 
 
-def iter_heads(layers: list[AttentionInputs], with_matrix: bool) -> Iterator[Head]:
-    """Every (layer, sequence, head) of the inputs as a ``Head`` with its exact attention."""
+def real_tokens(q: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """(n,) bool: the head's real tokens (all of them without a mask); q: (1, 1, n, d)."""
+    if key_padding_mask is not None:
+        return key_padding_mask[0]
+    return torch.ones(q.shape[2], dtype=torch.bool, device=q.device)
+
+
+def exact_head(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, with_matrix: bool
+) -> Head:
+    """Exact softmax attention of one head; q, k, v: (1, 1, n, d), mask (1, n) or None."""
+    exact = exact_attention(q, k, v, key_padding_mask, with_matrix)
+    real = real_tokens(q, key_padding_mask)
+    return Head(q, k, v, key_padding_mask, real, exact["output"], exact.get("matrix"))
+
+
+def svd_factors(head: Head) -> tuple[Tensor, Tensor, Tensor]:
+    """U (n_real, n_real), sigma (n_real,), V^T (n_real, n_real): the SVD of S's real block
+    (padded columns of S are zero). Needs ``head.exact_matrix``."""
+    return torch.linalg.svd(head.exact_matrix[:, head.real], full_matrices=False)
+
+
+def iter_heads(
+    layers: list[AttentionInputs],
+    with_matrix: bool,
+    with_svd: bool = False,
+    fetch: Fetch | None = None,
+) -> Iterator[Head]:
+    """Every (layer, sequence, head) of the inputs as a ``Head`` with its exact attention and,
+    ``with_svd`` (and S formed), the SVD of S. ``fetch(name, compute)`` returns a per-head
+    entry, computing it only if a sweep's earlier job has not (``cache.SourceCache.fetch``);
+    without it every entry is computed here."""
+    fetch = fetch or (lambda name, compute: compute())
+    suffix = "" if with_matrix else "-output"  # an entry without S serves no job that needs S
     for inputs in layers:
         b, h = inputs.q.shape[:2]
         for i in range(b):
             mask = None if inputs.key_padding_mask is None else inputs.key_padding_mask[i : i + 1]
             for j in range(h):
                 q, k, v = (x[i : i + 1, j : j + 1] for x in (inputs.q, inputs.k, inputs.v))
-                head = exact_head(q, k, v, mask, with_matrix)
+                ids = f"{inputs.layer}-{i}-{j}"
+                exact = fetch(
+                    f"exact{suffix}-{ids}",
+                    lambda q=q, k=k, v=v, mask=mask: exact_attention(q, k, v, mask, with_matrix),
+                )
+                real = real_tokens(q, mask)
+                head = Head(q, k, v, mask, real, exact["output"], exact.get("matrix"))
                 head.layer, head.sequence, head.head = inputs.layer, i, j
+                if with_svd and with_matrix:
+                    factors = fetch(f"svd-{ids}", lambda head=head: svd_entry(head))
+                    head.svd = (factors["u"], factors["sigma"], factors["vh"])
                 yield head
+
+
+def svd_entry(head: Head) -> Entry:
+    """``svd_factors`` as a cache entry (u, sigma, vh)."""
+    return dict(zip(("u", "sigma", "vh"), svd_factors(head), strict=True))
 
 
 def core_metrics(core: nn.Module, head: Head) -> tuple[dict[str, float], Tensor | None]:
@@ -139,10 +187,10 @@ def svd_metrics(
 ) -> tuple[list[dict[str, float]], Tensor | None]:
     """Best rank-r approximations of S (truncated SVD of its real block), one dict per rank.
 
-    Needs ``head.exact_matrix``. Also returns the rank-``keep_rank`` matrix (n_real, n) if asked.
+    Needs ``head.exact_matrix``; uses ``head.svd`` when known. Also returns the
+    rank-``keep_rank`` matrix (n_real, n) if asked.
     """
-    s = head.exact_matrix[:, head.real]  # (n_real, n_real): padded columns of S are zero
-    u, sigma, vh = torch.linalg.svd(s, full_matrices=False)
+    u, sigma, vh = head.svd if head.svd is not None else svd_factors(head)
     v_proj = vh @ head.v[0, 0][head.real]  # (n_real, d)
     ones_proj = vh.sum(dim=-1)  # (n_real,)
     errors = svd_tail_errors(sigma, ranks)

@@ -6,6 +6,7 @@ the sweep rebuilds it once more and prints the table.
 
 Jobs of the joblib and submitit launchers end in other processes, possibly at the same time:
 a lock file serialises the rebuilds, so the last one written has seen every finished job.
+The sweep's end also removes the work its jobs shared (``<sweep>/.cache``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nyscli.experiments.report.command import show_report
 from nyscli.files import write_csv
 from nyscli.output.runs import aggregate, find_run_folders, load_run
+from nyscli.paths import SWEEP_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,9 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        # Work the jobs shared (approx-error: S and its SVD, 3 n^2 numbers a head, ~1.5 GB at
+        # the defaults) serves no one once they are done; the results never need it.
+        shutil.rmtree(sweep_dir / SWEEP_CACHE, ignore_errors=True)
         path = write_summary(sweep_dir)
         if path is not None:
             show_report([sweep_dir], figures=sweep_dir)
