@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from nyscli.data.common import ClassificationCollate
+from nyscli.experiments.bench.worker import ValuesOnly
 from nyscli.models.classifier import build_classifier
 from nyscli.train.optim import build_optimizer
 
@@ -44,13 +45,6 @@ TASKS = {
 }
 MODEL = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128}
 BATCH = 32
-
-
-class ValuesOnly(nn.Module):
-    """A core that returns v (B, H, n, d) as it is: the model without its attention core."""
-
-    def forward(self, q, k, v, mask=None):  # noqa: ANN001, ANN201
-        return v
 
 
 def attention_config(name: str, conv: bool) -> dict:
