@@ -48,3 +48,23 @@ def test_the_gpu_script_at_toy_size_benches_trains_in_resumed_chunks_and_reports
     again = gpu_run(out)
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "gpu_run.log").read_text() == log
+
+
+def test_a_cell_stopped_by_its_time_budget_is_reported_without_a_test_score(tmp_path):
+    # A chunk that stopped early leaves test_accuracy empty: the report says so, it does not crash.
+    chunk = tmp_path / "gpu" / "lra" / "text-nystrom" / "chunk-0"
+    chunk.mkdir(parents=True)
+    row = {"status": "stopped at step 10523", "steps": "10523", "max_steps": "20000"}
+    row |= {"test_accuracy": "", "majority_rate": "0.5", "rule_accuracy": "0.5"}
+    row |= {"best_dev_accuracy": "0.6435", "tokens_per_s": "1003855.4", "peak_mb": "1334.4"}
+    row |= {"train_s": "435.9"}
+    with open(chunk / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    args = [sys.executable, str(SCRIPT), str(tmp_path / "gpu"), "--toy"]
+    done = subprocess.run(args + ["--skip", "bench,listops,text"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = (tmp_path / "gpu" / "gpu_results.md").read_text()
+    cells = "| text-nystrom | 1 | stopped at step 10523 | 10523 / 20000 | — | 50.00 | 50.00 | 64.35"
+    assert cells in report
