@@ -75,3 +75,17 @@ def test_keeps_dtype_and_non_contiguous_layout_values() -> None:
 def test_bad_probability_is_refused(p: float) -> None:
     with pytest.raises(ValueError, match=str(p)):
         Dropout(p)
+
+
+def test_neighbouring_decisions_are_independent() -> None:
+    # Four neighbouring draws share one 64-bit PCG64 output: each pair of neighbours must still
+    # be dropped together at p^2, and the mask must not repeat with period 4.
+    torch.manual_seed(3)
+    p = 0.25
+    dropped = dropout(torch.ones(2_000_000), p, training=True) == 0
+    dropped_p = drop_threshold(p) / LEVELS
+    for lag in (1, 2, 3, 4):
+        both = (dropped[:-lag] & dropped[lag:]).double().mean().item()
+        n = dropped.numel() - lag
+        sd = math.sqrt(dropped_p**2 * (1 - dropped_p**2) / n)
+        assert abs(both - dropped_p**2) < 5 * sd, (lag, both)
