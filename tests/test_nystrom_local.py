@@ -52,8 +52,8 @@ def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6):
 def test_output_equals_the_dense_formula(m, window, g, chunk, monkeypatch):
     """Also with the band cut into chunks of 1-2 query blocks (40 entries), as at large n."""
     if chunk:  # a band this small is otherwise done in one go
-        monkeypatch.setattr(nystrom_local, "SMALL_BAND", 0)
-        monkeypatch.setattr(nystrom_local, "CHUNK_ENTRIES", chunk)
+        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
     q, k, v = qkv(1, 2, 32, 6, seed=1)
     out = hybrid(num_landmarks=m, window=window, heavy_keys=g)(q, k, v)
     for h in range(2):

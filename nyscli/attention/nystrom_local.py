@@ -49,11 +49,23 @@ class Parts:
     shape: Tensor
 
 
-# Band entries (queries x span x heads) scored at a time: 0.5 MB of fp32 per chunk, so
-# the band's temporaries stay a few MB at any n.
-CHUNK_ENTRIES = 2**17
-# A band of at most this many entries (4 MB of fp32; all heads) is scored in one go.
-SMALL_BAND = 2**20
+# Band entries (queries x span x heads) scored at a time on a CPU: 0.5 MB of fp32 per chunk,
+# so the band's temporaries stay a few MB at any n.
+CPU_CHUNK_ENTRIES = 2**17
+# A band of at most this many entries (4 MB of fp32; all heads) is scored in one go on a CPU.
+CPU_SMALL_BAND = 2**20
+# On a GPU every kernel launch costs microseconds whatever its size: with the CPU's sizes the
+# hybrid ran as thousands of small launches (23 ms at n = 1,024, 594 ms at 65,536 on an H200,
+# slower than exact SDPA; docs/results/gpu.md). There, chunks of 2^25 entries (128 MB fp32).
+ACCELERATOR_CHUNK_ENTRIES = 2**25
+
+
+def chunk_sizes(device: torch.device) -> tuple[int, int]:
+    """(band entries scored per chunk, the largest band scored in one go) on ``device``."""
+    if device.type == "cpu":
+        return CPU_CHUNK_ENTRIES, CPU_SMALL_BAND
+    return ACCELERATOR_CHUNK_ENTRIES, ACCELERATOR_CHUNK_ENTRIES
+
 
 # Scores more than 80 below a query's largest are floored there before exp: CPU exp is 20-50x
 # slower where float32 results turn denormal or underflow (and on -inf), and e^-80 ~ 1e-35
@@ -156,17 +168,18 @@ class NystromLocalAttention(Core):
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
         whole = q.shape[0] * q.shape[1] * band.n_blocks * band.block * band.span
-        if whole <= SMALL_BAND:
+        chunk_entries, small_band = chunk_sizes(q.device)
+        if whole <= small_band:
             # Short sequences: every head and block at once, since at n = 512 the cost is
             # in the number of operations, not in their size.
             return self.approximate(q, k, v, mask, band, chunk_entries=whole)
-        core = functools.partial(self.approximate, band=band, chunk_entries=CHUNK_ENTRIES)
+        core = functools.partial(self.approximate, band=band, chunk_entries=chunk_entries)
         # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
         entries = band.n * (3 * self.num_landmarks + 2 * self.heavy_keys)
         out = v.new_empty(v.shape)  # each chunk writes its rows here directly
-        return in_head_groups(core, q, k, v, mask, entries, budget=2 * CHUNK_ENTRIES, out=out)
+        return in_head_groups(core, q, k, v, mask, entries, budget=2 * chunk_entries, out=out)
 
     def landmark_side(
         self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor
@@ -211,7 +224,7 @@ class NystromLocalAttention(Core):
         v: Tensor,
         mask: Tensor | None,
         band: Band,
-        chunk_entries: int = CHUNK_ENTRIES,
+        chunk_entries: int = CPU_CHUNK_ENTRIES,
         out: Tensor | None = None,
     ) -> Tensor:
         """The hybrid for q, k, v: (B, H, n, d) -> (B, H, n, d), every sequence longer than
