@@ -109,6 +109,14 @@ def test_image_and_retrieval_default_to_their_substitutes_unless_a_path_is_given
         assert _source(given, real, substitute) == real
 
 
+def test_lra_trains_on_length_bucketed_batches_in_every_task_and_schedule() -> None:
+    # conf/trainer/lra.yaml: a task file or the CPU schedule must not reset it to 1.
+    for task in ("listops", "text", "retrieval", "image", "pathfinder"):
+        for schedule in ("paper", "cpu"):
+            assert lra_cfg(f"task={task}", f"schedule={schedule}").trainer.bucket == 8
+    assert lra_cfg("trainer.bucket=1").trainer.bucket == 1
+
+
 # ------------------------------------------------------------------ trivial baselines
 
 
