@@ -192,8 +192,8 @@ def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_pat
 
 
 def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_path):
-    """3 trials, then a trial left RUNNING as Ctrl-C leaves it, then the same command in the
-    same folder: 6 trials, the interrupted one run again with its own parameters. (The
+    """2 trials, then a trial left RUNNING as Ctrl-C leaves it, then the same command in the
+    same folder: 4 trials, the interrupted one run again with its own parameters. (The
     warm-up is fixed by TINY's trainer.warmup_steps=1: a fixed key leaves the search space.)"""
     import optuna
 
@@ -206,35 +206,35 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
         "3",
         f"data_cache={tmp_path / 'cache'}",
         "logger=mlflow",
-        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.n_trials=4",
         f"hydra.sweep.dir={sweep}",
     ]
-    first = run_nys(*search[:-2], "hydra.sweeper.n_trials=3", search[-1])
+    first = run_nys(*search[:-2], "hydra.sweeper.n_trials=2", search[-1])
     assert first.returncode == 0, first.stdout + first.stderr
     storage = f"sqlite:///{sweep / 'optuna.db'}"
     study = optuna.load_study(study_name="lra_lr", storage=storage)
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 2
     cut = study.ask()  # what an interrupted sweeper leaves: a RUNNING trial with parameters
     lr = cut.suggest_float("trainer.lr", 1e-5, 3e-3, log=True)
     cut.suggest_float("model.dropout", 0.0, 0.3)
-    cut.set_user_attr("nys_job_folder", 3)
-    (sweep / "3").mkdir()  # and its job folder, with the interrupted run's config and line
-    shutil.copytree(sweep / "2" / ".hydra", sweep / "3" / ".hydra")
-    (sweep / "3" / "error.txt").write_text("interrupted at step 2; no checkpoint was written yet")
+    cut.set_user_attr("nys_job_folder", 2)
+    (sweep / "2").mkdir()  # and its job folder, with the interrupted run's config and line
+    shutil.copytree(sweep / "1" / ".hydra", sweep / "2" / ".hydra")
+    (sweep / "2" / "error.txt").write_text("interrupted at step 2; no checkpoint was written yet")
 
     again = run_nys(*search)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "3 of 6 trials done, 1 interrupted to run again" in again.stdout + again.stderr
+    assert "2 of 4 trials done, 1 interrupted to run again" in again.stdout + again.stderr
     study = optuna.load_study(study_name="lra_lr", storage=storage)
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
-    assert study.trials[3].params["trainer.lr"] == lr
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    assert study.trials[2].params["trainer.lr"] == lr
     trials = pd.read_csv(sweep / "trials.csv")
-    assert list(trials.trial) == list(range(6)) and trials.best.sum() == 1
+    assert list(trials.trial) == list(range(4)) and trials.best.sum() == 1
     best = trials[trials.best].iloc[0]
     assert best.value == max(trials.value) == study.best_value
     job = pd.read_csv(sweep / str(best.job_folder) / "results.csv").iloc[0]
     assert job.best_dev_accuracy == best.value  # each job returned its metric to Hydra
-    assert sorted(trials.job_folder) == [0, 1, 2, 4, 5, 6]  # 3 stays the cut-short run's
+    assert sorted(trials.job_folder) == [0, 1, 3, 4]  # 2 stays the cut-short run's
     # MLflow: one child run per job folder, all under the sweep's parent run.
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     parent = json.loads((sweep / "mlflow_parent.json").read_text())["run_id"]
@@ -242,9 +242,9 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
         [client.get_experiment_by_name("lra").experiment_id],
         f"tags.mlflow.parentRunId = '{parent}'",
     )
-    assert sorted(r.info.run_name for r in children) == ["0", "1", "2", "4", "5", "6"]
+    assert sorted(r.info.run_name for r in children) == ["0", "1", "3", "4"]
     report = run_nys("report", str(sweep))
-    assert report.returncode == 0 and "search: 6 trials" in report.stdout, report.stdout
+    assert report.returncode == 0 and "search: 4 trials" in report.stdout, report.stdout
     [marked] = [line for line in report.stdout.splitlines() if line.rstrip().endswith("│ best │")]
     assert marked.split("│")[1].strip() == str(best.trial)  # the best trial, in words
 
