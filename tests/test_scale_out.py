@@ -5,6 +5,7 @@ and reports of sweeps whose submitit jobs were killed."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import subprocess
@@ -46,11 +47,12 @@ def has_plugin(name: str) -> bool:
 
 def test_two_gloo_ranks_train_exactly_like_one_process_with_the_global_batch(run_nys, tmp_path):
     """2 ranks x batch 4 == 1 process x batch 8 (dropout 0): same loss at every step, same
-    accuracies, dev and test; an interrupted 2-rank run resumes (both ranks load last.pt)."""
+    accuracies, dev and test; an interrupted 2-rank run resumes (both ranks load last.pt).
+    Only rank 0 logs: one MLflow run across the interrupt, each step logged once."""
     common = [*LRA_TINY[:-4], "--steps", "4", "model.dropout=0", f"data_cache={tmp_path / 'c'}"]
     one = run_nys("lra", *common, "--batch-size", "8", "hydra.run.dir=one")
     assert one.returncode == 0, one.stdout + one.stderr
-    two = [*common, "--batch-size", "4", "--nproc-per-node", "2"]
+    two = [*common, "--batch-size", "4", "--nproc-per-node", "2", "logger=mlflow"]
     first = run_nys("lra", *two, "trainer.stop_at_step=2", "hydra.run.dir=two")
     assert first.returncode == 0, first.stdout + first.stderr
     resumed = run_nys("lra", *two, "resume=two", "hydra.run.dir=two_resumed")
@@ -69,6 +71,14 @@ def test_two_gloo_ranks_train_exactly_like_one_process_with_the_global_batch(run
     assert pd.read_csv(tmp_path / "one" / "results.csv").iloc[0].world_size == 1
     # Only rank 0 wrote: one metrics row per step and split, one results table printed.
     assert resumed.stdout.count("LRA runs") == 1
+    from mlflow.tracking import MlflowClient
+
+    record = json.loads((tmp_path / "two_resumed" / "tracking.json").read_text())["mlflow"]
+    client = MlflowClient(record["tracking_uri"])
+    [experiment] = [e for e in client.search_experiments() if e.name == "lra"]
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+    history = client.get_metric_history(record["run_id"], "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
 
 
 def _ddp_rank(rank: int, world: int, port: int, run_dir: str) -> None:

@@ -252,21 +252,3 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
 def test_hydra_plugin_shim_is_packaged():
     assert (REPO / "hydra_plugins" / "nys_optuna_sweeper" / "nys_optuna_sweeper.py").is_file()
     assert not (REPO / "hydra_plugins" / "__init__.py").exists()  # a namespace package
-
-
-def test_only_rank_zero_logs(run_nys, tmp_path):
-    """Two ranks (gloo): one MLflow run and one event file, each step logged once."""
-    done = run_nys(
-        "lra", *TINY, "--steps", "4", "--nproc-per-node", "2", "logger=many",
-        f"data_cache={tmp_path / 'cache'}",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    [run] = run_folders(tmp_path / "outputs" / "lra")
-    assert len(list((run / "tensorboard").glob("events.*"))) == 2  # training + final hparams
-    record = json.loads((run / "tracking.json").read_text())["mlflow"]
-    client = MlflowClient(record["tracking_uri"])
-    [experiment] = [e for e in client.search_experiments() if e.name == "lra"]
-    assert len(client.search_runs([experiment.experiment_id])) == 1
-    history = client.get_metric_history(record["run_id"], "train/loss")
-    assert sorted(m.step for m in history) == [1, 2, 3, 4]
-    assert [s for s, _ in tensorboard_series(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
