@@ -350,9 +350,10 @@ def main() -> None:
     sys.exit(code or 0)
 
 
-def _main() -> int:
+def _main(args: list[str] | None = None) -> int:
+    """Run ``nys`` with ``args`` (default: the command line) and return its exit code."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
     except click_errors.NoArgsIsHelpError as error:
         error.show()
         code = 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import nys_subprocess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,14 +24,24 @@ def run_nys(tmp_path):
     """Run the real ``nys`` console entry point in a subprocess inside tmp_path."""
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-        return subprocess.run(
-            [sys.executable, "-m", "nyscli.cli", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
+        return nys_subprocess(tmp_path, *args, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def nys_here(tmp_path, monkeypatch, capsys):
+    """``run_nys`` in this process, for calls answered before any run starts (bad input,
+    ``--cfg``): a subprocess spends ~3 s importing torch before it can refuse anything."""
+    from nyscli.cli import _main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = _main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["nys", *args], code, out.out, out.err)
 
     return run

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +181,16 @@ def pretrain_tiny(corpus: Path, cache: Path) -> list[str]:
         "trainer.progress=false",
         "threads=1",
     ]
+
+
+def nys_subprocess(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real ``nys`` console entry point in a subprocess inside ``cwd``."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "nyscli.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -154,9 +154,9 @@ def test_parse_errors_and_conflicts_are_one_line_in_a_subprocess(run_nys, tmp_pa
     assert not (tmp_path / "outputs").exists()
 
 
-def test_report_out_a_directory_is_an_error(run_nys, tmp_path):
+def test_report_out_a_directory_is_an_error(nys_here, tmp_path):
     (tmp_path / "runs").mkdir()
-    done = run_nys("report", "runs", "--out", str(tmp_path))
+    done = nys_here("report", "runs", "--out", str(tmp_path))
     output = (done.stdout + done.stderr).strip()
     assert done.returncode == 2 and len(output.splitlines()) == 1
     assert f"--out={tmp_path}" in output
@@ -438,15 +438,15 @@ def test_a_path_hydra_cannot_parse_says_how_to_quote_it(
     assert not (tmp_path / "outputs").exists()
 
 
-def test_the_quoting_the_hint_gives_is_read_as_the_path(run_nys):
-    done = run_nys("approx-error", "data.path='a(b) c=d.txt'", "--cfg", "job")
+def test_the_quoting_the_hint_gives_is_read_as_the_path(nys_here):
+    done = nys_here("approx-error", "data.path='a(b) c=d.txt'", "--cfg", "job")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "path: a(b) c=d.txt" in done.stdout
 
 
-def test_a_report_over_no_runs_is_one_line_and_exit_2(run_nys, tmp_path):
+def test_a_report_over_no_runs_is_one_line_and_exit_2(nys_here, tmp_path):
     (tmp_path / "empty").mkdir()
-    done = run_nys("report", "empty")
+    done = nys_here("report", "empty")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.startswith("error: no run folders") and done.stdout.count("\n") == 1
     assert not (tmp_path / "empty" / "summary.csv").exists()

@@ -24,11 +24,11 @@ def test_help_lists_every_command(run_nys):
         assert command in done.stdout
 
 
-def test_cfg_job_prints_composed_config(run_nys):
-    done = run_nys("bench", "--cfg", "job", "attention=softmax", "--seq-len", "77")
+def test_cfg_job_prints_composed_config(nys_here, tmp_path):
+    done = nys_here("bench", "--cfg", "job", "attention=softmax", "--seq-len", "77")
     assert done.returncode == 0, done.stderr
     assert "name: softmax" in done.stdout and "- 77" in done.stdout
-    assert not (Path(done.args[0]).parent / "outputs").exists()
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_single_bench_run_writes_a_complete_run_folder(run_nys, tmp_path):
@@ -104,8 +104,8 @@ def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_
         (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),
     ],
 )
-def test_bad_bench_input_is_one_line_and_exit_code_2(run_nys, tmp_path, args, fragment):
-    done = run_nys("bench", *args)
+def test_bad_bench_input_is_one_line_and_exit_code_2(nys_here, tmp_path, args, fragment):
+    done = nys_here("bench", *args)
     output = (done.stdout + done.stderr).strip()
     assert done.returncode == 2, output
     assert fragment in output and "Traceback" not in output
@@ -113,8 +113,8 @@ def test_bad_bench_input_is_one_line_and_exit_code_2(run_nys, tmp_path, args, fr
     assert not (tmp_path / "outputs").exists()
 
 
-def test_report_of_missing_dir_is_one_line_exit_2(run_nys):
-    done = run_nys("report", "/no/such/dir")
+def test_report_of_missing_dir_is_one_line_exit_2(nys_here):
+    done = nys_here("report", "/no/such/dir")
     output = (done.stdout + done.stderr).strip()
     assert done.returncode == 2 and len(output.splitlines()) == 1 and "/no/such/dir" in output
 

@@ -111,8 +111,8 @@ def test_table1_recipe_is_the_papers_grid():
     ]
 
 
-def test_a_recipe_of_another_command_is_one_line(run_nys):
-    done = run_nys("lra", "experiment=bert_small")
+def test_a_recipe_of_another_command_is_one_line(nys_here):
+    done = nys_here("lra", "experiment=bert_small")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.strip() == (
         "error: experiment=bert_small is a recipe for nys pretrain, not for nys lra; "

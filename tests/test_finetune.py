@@ -260,12 +260,12 @@ def test_mnli_from_scratch_like_a_checkpoint(run_nys, tmp_path, fixtures):
     assert np.isnan(row.dev_f1) and row.dev_examples == 6
 
 
-def test_bad_paths_fail_in_one_line(run_nys, tmp_path, fixtures):
-    missing = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
+def test_bad_paths_fail_in_one_line(nys_here, tmp_path, fixtures):
+    missing = nys_here("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
                       f"data.path={tmp_path / 'nowhere'}", "threads=1")  # fmt: skip
     assert missing.returncode == 2, missing.stdout + missing.stderr
     assert "task=mrpc: data.path=" in missing.stdout and "nowhere is not a folder" in missing.stdout
-    bad_init = run_nys("finetune", f"init={tmp_path}", "threads=1")
+    bad_init = nys_here("finetune", f"init={tmp_path}", "threads=1")
     assert bad_init.returncode == 2
     assert f"init={tmp_path} is not a pretrained checkpoint" in bad_init.stdout
     for done in (missing, bad_init):
@@ -273,16 +273,16 @@ def test_bad_paths_fail_in_one_line(run_nys, tmp_path, fixtures):
         assert len([line for line in done.stdout.splitlines() if "error" in line]) == 1
 
 
-def test_corrupt_checkpoint_fails_in_one_line(run_nys, fixtures):
+def test_corrupt_checkpoint_fails_in_one_line(nys_here, fixtures):
     (fixtures["checkpoint"] / "model.pt").write_bytes(b"not torch")
-    corrupt = run_nys("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
+    corrupt = nys_here("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
                       f"data.path={fixtures['mrpc']}", "threads=1")  # fmt: skip
     assert corrupt.returncode == 2 and "model.pt is corrupt" in corrupt.stdout
     assert "Traceback" not in corrupt.stdout + corrupt.stderr
 
 
-def test_task_option_selects_the_finetune_task_group(run_nys):
-    done = run_nys("finetune", "--cfg", "job", "task=mnli")
+def test_task_option_selects_the_finetune_task_group(nys_here):
+    done = nys_here("finetune", "--cfg", "job", "task=mnli")
     assert done.returncode == 0, done.stderr
     cfg = OmegaConf.create(done.stdout)
     assert cfg.task.name == "mnli" and cfg.command == "finetune" and cfg.epochs == 4

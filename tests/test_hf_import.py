@@ -277,7 +277,7 @@ def test_import_finetune_then_evaluate_only_with_other_attentions(run_nys, tmp_p
     assert row["attention"] == "nystrom-2+conv3" and row["conv_fit_examples"] == 8
 
 
-def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
+def test_bad_init_and_eval_only_fail_in_one_line(nys_here, tmp_path):
     for args, message in (
         (["init=hf:/no/such/folder"], "is not a folder"),
         (["init=hf:"], "is not allowed"),
@@ -285,7 +285,7 @@ def test_bad_init_and_eval_only_fail_in_one_line(run_nys, tmp_path):
         (["conv_fit_examples=4"], "fits the conv skip of a converted checkpoint"),
         (["init=minilm", "attention=nystrom", "conv_fit_examples=4"], "needs a conv skip"),
     ):
-        done = run_nys("finetune", *args, "threads=1")
+        done = nys_here("finetune", *args, "threads=1")
         assert done.returncode == 2, done.stdout + done.stderr
         lines = (done.stdout + done.stderr).strip().splitlines()
         assert len(lines) == 1 and message in lines[0], lines

@@ -60,8 +60,8 @@ def test_run_files_follow_the_umask(run_nys, tmp_path):
     assert {name: oct(mode) for name, mode in files.items() if mode != 0o640} == {}
 
 
-def test_bad_values_fail_in_one_line(run_nys):
-    done = run_nys("lra", "trainer.precision=fp64")
+def test_bad_values_fail_in_one_line(nys_here):
+    done = nys_here("lra", "trainer.precision=fp64")
     assert done.returncode == 2
     assert "trainer.precision=fp64 is not allowed" in done.stdout
 

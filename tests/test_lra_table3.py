@@ -309,8 +309,8 @@ def test_pathfinder_generation_counts_progress_and_threads_cap_the_workers(monke
     assert seen["workers"] == 3
 
 
-def test_bad_data_source_is_one_line_and_leaves_no_run_folder(run_nys, tmp_path):
-    done = run_nys("lra", "task=retrieval", "data.source=acl")
+def test_bad_data_source_is_one_line_and_leaves_no_run_folder(nys_here, tmp_path):
+    done = nys_here("lra", "task=retrieval", "data.source=acl")
     assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
     assert done.stdout.strip().splitlines() == [
         "error: data.source=acl is not allowed; choose one of: auto, aan, wiki_topic_pairs"

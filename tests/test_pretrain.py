@@ -262,8 +262,8 @@ def test_mlm_and_sop_are_flagged_by_the_rule_lra_and_finetune_use():
     assert clear["flag"] is None and clear["mlm_flag"] is None
 
 
-def test_missing_corpus_path_exits_2_in_one_line(run_nys, tmp_path):
-    done = run_nys("pretrain", "data=folder", f"data.path={tmp_path / 'nowhere'}")
+def test_missing_corpus_path_exits_2_in_one_line(nys_here, tmp_path):
+    done = nys_here("pretrain", "data=folder", f"data.path={tmp_path / 'nowhere'}")
     assert done.returncode == 2
     assert "data.path=" in done.stdout and "does not exist" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr

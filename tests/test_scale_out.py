@@ -127,8 +127,8 @@ def test_an_error_on_the_ranks_is_one_line_with_exit_code_2(run_nys, tmp_path):
     assert "Traceback" not in done.stdout
 
 
-def test_nproc_per_node_below_one_is_one_line(run_nys):
-    done = run_nys("lra", "--nproc-per-node", "0")
+def test_nproc_per_node_below_one_is_one_line(nys_here):
+    done = nys_here("lra", "--nproc-per-node", "0")
     assert done.returncode == 2
     assert "trainer.nproc_per_node=0 is not allowed" in done.stdout
 

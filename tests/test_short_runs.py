@@ -162,13 +162,13 @@ def test_sweep_options_go_to_the_attentions_that_have_them(tmp_path, monkeypatch
     assert per_attention(jobs, lambda job: keys[job[0][-1]]).jobs == jobs
 
 
-def test_cfg_with_multirun_prints_every_job_and_a_typo_names_the_option(run_nys):
-    done = run_nys("bench", "-m", "attention=nystrom,softmax", "attention.num_landmarks=32,64",
+def test_cfg_with_multirun_prints_every_job_and_a_typo_names_the_option(nys_here):
+    done = nys_here("bench", "-m", "attention=nystrom,softmax", "attention.num_landmarks=32,64",
                    "--cfg", "job")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("# job ") == 3 and "Traceback" not in done.stderr
     assert "num_landmarks: 64" in done.stdout
-    typo = run_nys("bench", "attention=softmax", "attention.num_landmarks=32")
+    typo = nys_here("bench", "attention=softmax", "attention.num_landmarks=32")
     assert typo.returncode == 2
     assert typo.stdout.strip().splitlines() == [
         "error: attention.num_landmarks is not an option of the chosen attention (of none in "

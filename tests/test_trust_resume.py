@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 import torch
@@ -12,7 +14,7 @@ from nyscli.train import ShuffledBatches
 from nyscli.train.errors import CheckpointError
 from nyscli.train.resume import Change, setup_changes
 from tests.helpers import LRA_TINY as TINY
-from tests.helpers import run_folders
+from tests.helpers import nys_subprocess, run_folders
 
 
 def test_setup_changes_ignore_only_how_to_run():
@@ -27,13 +29,25 @@ def test_setup_changes_ignore_only_how_to_run():
     assert setup_changes(old, new) == [Change("seed", 0, 3), Change("trainer.lr", 1e-4, 5e-4)]
 
 
-@pytest.fixture
-def stopped_run(run_nys, tmp_path):
-    """An lra run stopped at step 2 of 4 (checkpoints/last.pt, status "stopped at step 2")."""
-    args = [*TINY, f"data_cache={tmp_path / 'cache'}"]
-    first = run_nys("lra", *args, "trainer.stop_at_step=2")
+@pytest.fixture(scope="module")
+def stopped_template(tmp_path_factory):
+    """An lra run stopped at step 2 of 4 (checkpoints/last.pt, status "stopped at step 2"),
+    trained once for the tests below; each gets its own copy."""
+    root = tmp_path_factory.mktemp("stopped")
+    args = [*TINY, f"data_cache={root / 'cache'}"]
+    first = nys_subprocess(root, "lra", *args, "trainer.stop_at_step=2")
     assert first.returncode == 0, first.stdout + first.stderr
-    [run] = run_folders(tmp_path / "outputs" / "lra")
+    [run] = run_folders(root / "outputs" / "lra")
+    return args, run
+
+
+@pytest.fixture
+def stopped_run(stopped_template, tmp_path):
+    """The stopped run, copied to the same place under this test's outputs/ (the cache it
+    names is shared: resuming only reads it)."""
+    args, template = stopped_template
+    run = tmp_path / "outputs" / "lra" / template.name
+    shutil.copytree(template, run)
     return args, run
 
 
