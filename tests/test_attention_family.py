@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from nyscli.attention import AttentionConfigError, available, build_attention
 from nyscli.attention.linformer import LinformerAttention
+from nyscli.attention.longformer import Band
 from nyscli.attention.performer import PerformerAttention, favor_features, orthogonal_gaussian
 from nyscli.attention.reformer import ReformerAttention
 
@@ -72,6 +73,26 @@ def test_longformer_equals_softmax_with_the_band_mask(n, window, n_global, causa
     keep = allowed & mask[:, None, None, :]
     expected = reference_attention(q @ k.transpose(-1, -2) / math.sqrt(6), keep, v)
     torch.testing.assert_close(core(q, k, v, mask), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 23, 40, 100])
+@pytest.mark.parametrize("window", [1, 5, 9, 33, 65, 257])
+def test_band_windows_are_the_same_with_and_without_a_backward(n, window):
+    # Keys of a block are [t block - radius, (t + 1) block + radius), zero beyond [0, n): an
+    # unfold view without grad, three neighbouring blocks cut to the span with one.
+    band = Band.of(n, window)
+    x = torch.randn(2, 3, n, 4, dtype=torch.float64)
+    padded = F.pad(x, (0, 0, band.radius, band.n_blocks * band.block - n + band.radius))
+    expected = torch.stack(
+        [padded[:, :, t * band.block : t * band.block + band.span] for t in range(band.n_blocks)],
+        dim=2,
+    )
+    torch.testing.assert_close(band.keys(x), expected, rtol=0, atol=0)
+    with_grad = band.keys(x.requires_grad_())
+    assert with_grad.grad_fn is not None
+    torch.testing.assert_close(with_grad, expected, rtol=0, atol=0)
+    for first, stop in ((0, 1), (band.n_blocks // 2, band.n_blocks)):
+        assert torch.equal(band.keys(x, first, stop), expected[:, :, first:stop])
 
 
 # --------------------------------------------------------------------------------- linear
