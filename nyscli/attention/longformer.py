@@ -58,11 +58,6 @@ class Band:
     def n_blocks(self) -> int:
         return -(-self.n // self.block)
 
-    @property
-    def right(self) -> int:
-        """Zero keys padded after the last token (the left pad is ``radius``)."""
-        return self.n_blocks * self.block - self.n + self.radius
-
     def queries(self, x: Tensor, first: int = 0, stop: int | None = None) -> Tensor:
         """x: (B, H, n, d) -> query blocks first..stop-1 (all by default), (B, H, blocks,
         block, d), the end zero-padded."""

@@ -205,9 +205,7 @@ class NystromLocalAttention(Core):
         """
         q_land, k_land, exists = select_landmarks(q, k, self.num_landmarks, mask)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        # Padded keys to -inf by adding (B or 1, 1, 1, n): masked_fill with a broadcast mask
-        # is ~30x slower than an add on a CPU.
-        padded = torch.where(real, 0.0, -math.inf).to(q.dtype)[:, None, None, :]
+        padded = to_bias(real, q.dtype)[:, None, None, :]  # (B or 1, 1, 1, n)
         scores = (q_land @ k.transpose(-1, -2) * scale).add_(padded)
         shift = scores.amax(dim=-1, keepdim=True)  # finite: a long sequence has real keys
         b_kernel = torch.exp(scores - shift)
