@@ -95,6 +95,25 @@ def test_band_windows_are_the_same_with_and_without_a_backward(n, window):
         assert torch.equal(band.keys(x, first, stop), expected[:, :, first:stop])
 
 
+@pytest.mark.parametrize(("n", "window"), [(64, 9), (45, 7), (40, 33), (9, 65)])
+def test_flat_band_windows_equal_the_padded_ones_where_a_sequence_has_keys(n, window):
+    # flat_keys: 2 x 3 sequences end to end, so a window beyond a sequence's ends holds its
+    # neighbour's rows where keys has zeros; inside [0, n) both are the same rows. Its own
+    # backward (slices added) against the padded windows' (autograd through pad and cat).
+    band = Band.of(n, window)
+    x = torch.randn(2, 3, n, 4, dtype=torch.float64, requires_grad=True)
+    inside = band.keys(torch.ones(1, 1, n, 1, dtype=torch.float64)).bool()  # (1,1,blocks,span,1)
+    flat, padded = band.flat_keys(x), band.keys(x)
+    assert flat.shape == padded.shape
+    torch.testing.assert_close(flat * inside, padded * inside, rtol=0, atol=0)
+    assert (flat * ~inside).abs().sum() > 0 or n <= band.radius  # neighbours' rows really there
+    weights = torch.randn(padded.shape, dtype=torch.float64) * inside
+    (grad_flat,) = torch.autograd.grad((flat * weights).sum(), x)
+    (grad_padded,) = torch.autograd.grad((padded * weights).sum(), x)
+    torch.testing.assert_close(grad_flat, grad_padded, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a: band.flat_keys(a) * inside, (x,))
+
+
 # --------------------------------------------------------------------------------- linear
 
 

@@ -292,7 +292,8 @@ class NystromLocalAttention(Core):
         key_ok = band.keys(parts.band_keys, first, stop).transpose(-1, -2)
         # -inf where an entry does not count; in place: the product does not need its output
         # for its backward.
-        band_scores = q_blocks @ band.keys(k, first, stop).transpose(-1, -2)
+        k_windows, v_windows = (self._windows(band, x, first, stop) for x in (k, v))
+        band_scores = q_blocks @ k_windows.transpose(-1, -2)
         band_scores.add_(parts.shape_bias).add_(to_bias(key_ok > 0, q.dtype))
         g = parts.heavy_real.shape[-1]
         small = per_query(q_blocks, parts.small_k.transpose(-1, -2))  # heavy, then landmarks
@@ -310,8 +311,17 @@ class NystromLocalAttention(Core):
         windows = band.keys(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
         windows = windows * key_ok
         w_band, w_small, den = self._weights(p, windows, parts, key_ok, e_band, e_heavy)
-        num = (w_band @ band.keys(v, first, stop)).add_(per_query(w_small, parts.small_v))
+        num = (w_band @ v_windows).add_(per_query(w_small, parts.small_v))
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))  # in place: no new buffer
+
+    @staticmethod
+    def _windows(band: Band, x: Tensor, first: int, stop: int) -> Tensor:
+        """The band's keys or values of blocks first..stop-1 (B, H, c, span, d): for all
+        blocks, windows that need no copy before a product (``Band.flat_keys``; their entries
+        beyond a sequence's ends are other rows, which key_ok masks)."""
+        if first == 0 and stop == band.n_blocks:
+            return band.flat_keys(x)
+        return band.keys(x, first, stop)
 
     def _weights(
         self,
