@@ -226,7 +226,10 @@ class LongformerAttention(Core):
         positions = torch.arange(n, device=q.device)
 
         q_blocks = band.queries(q)
-        scores = q_blocks @ band.keys(k).transpose(-1, -2) / math.sqrt(q.shape[-1])
+        # Windows over the sequences end to end (no copy before the products); their entries
+        # beyond a sequence's ends are masked by keep like the zero-padded ones were.
+        k_windows, v_windows = band.flat_keys(k), band.flat_keys(v)
+        scores = q_blocks @ k_windows.transpose(-1, -2) / math.sqrt(q.shape[-1])
         # Global keys are scored in their own columns below; dropping them from the band keeps
         # them from being counted twice.
         keep = band.keep(real & (positions >= n_global), self.causal)  # O(n * window)
@@ -236,7 +239,7 @@ class LongformerAttention(Core):
             keep = torch.cat([keep, g_keep], dim=-1)
         # Masking in place keeps a single score-sized buffer besides the weights.
         weights = torch.softmax(scores.masked_fill_(~keep, torch.finfo(scores.dtype).min), -1)
-        out = weights[..., : band.span] @ band.keys(v)
+        out = weights[..., : band.span] @ v_windows
         if n_global > 0:
             out = out + weights[..., band.span :] @ v[:, :, None, :n_global]
         # A query with nothing to attend to (a pad amid pads) gets zeros, not a uniform mean.
