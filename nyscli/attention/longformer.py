@@ -90,24 +90,12 @@ class Band:
 
     def keys(self, x: Tensor, first: int = 0, stop: int | None = None) -> Tensor:
         """x: (B, H, n, d) -> the keys (or values) of blocks first..stop-1 (all by default),
-        (B, H, blocks, span, d), the ends zero-padded.
-
-        Without a backward to follow, a view of overlapping windows (``unfold``): free, and the
-        products read it as it is. With one, a block's span lies within the block and its two
-        neighbours (radius <= block), so the windows are those three blocks side by side, cut to
-        the span: the backward of that ``cat`` is three slices added, where unfold's took 11% of
-        the hybrid's training step at n = 512 (throw-away timing: the band's two products,
-        forward and backward, 25% faster with the cat).
+        (B, H, blocks, span, d), the ends zero-padded: a view of overlapping windows
+        (``unfold``), for use without a backward (``flat_keys`` has a cheap one).
         """
         stop = self.n_blocks if stop is None else stop
-        if not (torch.is_grad_enabled() and x.requires_grad):
-            rows = _rows(x, first * self.block - self.radius, stop * self.block + self.radius)
-            return rows.unfold(2, self.span, self.block).transpose(-1, -2)
-        blocks = _rows(x, (first - 1) * self.block, (stop + 1) * self.block)
-        blocks = blocks.unflatten(2, (stop - first + 2, self.block))
-        three = torch.cat([blocks[:, :, :-2], blocks[:, :, 1:-1], blocks[:, :, 2:]], dim=3)
-        cut = self.block - self.radius
-        return three if cut == 0 else three[:, :, :, cut : cut + self.span]
+        rows = _rows(x, first * self.block - self.radius, stop * self.block + self.radius)
+        return rows.unfold(2, self.span, self.block).transpose(-1, -2)
 
     def flat_keys(self, x: Tensor) -> Tensor:
         """x: (B, H, n, d) -> the keys (or values) of every block, (B, H, n_blocks, span, d),
