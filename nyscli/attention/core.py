@@ -15,10 +15,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from nyscli.attention.errors import AttentionConfigError, option
 from nyscli.rules import Bool, Rule
+
+
+def backward_follows(*tensors: Tensor) -> bool:
+    """Whether autograd records the work done on ``tensors`` now (grad mode on and one of them
+    needs a gradient): the cores choose memory and kernels by it."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class Core(nn.Module):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nyscli.attention.chunking import in_head_groups
-from nyscli.attention.core import Core, configure
+from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
 from nyscli.rules import Bool, Int
@@ -113,7 +113,7 @@ class Band:
             x = F.pad(x, (0, 0, 0, self.n_blocks * self.block - n))
         ends = x.new_zeros(self.radius, d)  # a cat, not F.pad: pad first fills all with zeros
         rows = torch.cat([ends, x.reshape(-1, d), ends])
-        if torch.is_grad_enabled() and rows.requires_grad:
+        if backward_follows(rows):
             windows = _Windows.apply(rows, self.span, self.block)
         else:
             windows = rows.unfold(0, self.span, self.block).transpose(1, 2)

@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from nyscli.attention.chunking import by_length
-from nyscli.attention.core import Core, configure
+from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
@@ -229,6 +229,6 @@ class NystromAttention(Core):
         at n = 512), so in training the iteration runs again in backward: O(m^3) a head, small
         next to the core's O(n m d) products.
         """
-        if self.pinv == "exact" or not (torch.is_grad_enabled() and a.requires_grad):
+        if self.pinv == "exact" or not backward_follows(a):
             return self.pseudo_inverse(a)
         return checkpoint(self.pseudo_inverse, a, use_reentrant=False, preserve_rng_state=False)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nyscli.attention.core import backward_follows
 from nyscli.attention.landmarks import shared_segment_means
 
 _flash_forward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -33,8 +34,7 @@ def fused_path_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
         _flash_forward is not None
         and _flash_backward is not None
         and q.device.type == "cpu"
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in (q, k, v))
+        and backward_follows(q, k, v)
         # Autocast casts inside F.scaled_dot_product_attention, not inside these raw kernels.
         and not torch.is_autocast_enabled("cpu")
         and q.dtype == k.dtype == v.dtype

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from nyscli.attention.chunking import by_length, in_head_groups
-from nyscli.attention.core import Core, configure
+from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import select_landmarks
 from nyscli.attention.longformer import Band
@@ -219,8 +219,7 @@ class NystromLocalAttention(Core):
         band = Band.of(q.shape[2], self.window)
         whole = q.shape[0] * q.shape[1] * band.n_blocks * band.block * band.span
         chunk_entries, small_band = chunk_sizes(q.device)
-        backward = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        if whole <= small_band or backward:
+        if whole <= small_band or backward_follows(q, k, v):
             # Short sequences: every head and block at once, since at n = 512 the cost is
             # in the number of operations, not in their size. With a backward to follow,
             # chunks would save no memory (each chunk's saved tensors stay until the
@@ -398,9 +397,9 @@ class NystromLocalAttention(Core):
         gate = (outside > 0).to(p.dtype)
         p_gated = p * gate
         scores, shift = band
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (scores, p, windows))
+        in_place = not backward_follows(scores, p, windows)
         kernel = p_gated @ windows  # K~ on each block's span
-        w_band = _BandWeights.apply(scores, kernel, shift, parts.shape, key_ok, not grad)
+        w_band = _BandWeights.apply(scores, kernel, shift, parts.shape, key_ok, in_place)
         w_small = torch.cat([e_heavy - gate * k_heavy, p_gated], dim=-1)
         # >= the exact mass: the gated K~ adds only a positive remainder.
         den = w_band.sum(-1, keepdim=True) + w_small[..., : -p.shape[-1]].sum(-1, keepdim=True)
