@@ -398,6 +398,16 @@ def test_head_groups_give_the_same_result_as_one_call():
     grouped = in_head_groups(core._attend, q, k, v, keep, elements_per_head=70 * 20, budget=1)
     torch.testing.assert_close(grouped, whole, rtol=0, atol=0)
     torch.testing.assert_close(core(q, k, v, keep), whole, rtol=0, atol=0)
+    # With a backward to follow the groups are joined by a cat: same values, same gradients.
+    for x in (q, k, v):
+        x.requires_grad_()
+    weights = torch.randn(whole.shape, dtype=whole.dtype)
+    grads = torch.autograd.grad((core._attend(q, k, v, keep) * weights).sum(), (q, k, v))
+    grouped = in_head_groups(core._attend, q, k, v, keep, elements_per_head=70 * 20, budget=1)
+    torch.testing.assert_close(grouped, whole, rtol=0, atol=0)
+    grouped_grads = torch.autograd.grad((grouped * weights).sum(), (q, k, v))
+    for got, expected in zip(grouped_grads, grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
+
+from nyscli.attention.core import backward_follows
 
 Core = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
 
@@ -27,10 +30,16 @@ def in_head_groups(
     Heads never interact, so the result is the same as one call; only the peak memory of the
     core's temporaries (``elements_per_head`` each per sequence and head) drops to ``budget``.
     With ``out`` (B, H, n, d_v), the core is called with ``out=`` the group's slice, writes
-    its result there (no copy of each group's result), and ``out`` is returned.
+    its result there (no copy of each group's result), and ``out`` is returned; with a
+    backward to follow, the groups' results are joined by a cat instead.
     """
     b, h = q.shape[:2]
     group = max(1, budget // max(1, b * elements_per_head))
+    if group < h and backward_follows(q, k, v):
+        # Joined by a cat, whose backward is slices: writing each group into one output
+        # would add a copy of the whole gradient per group to the backward.
+        heads = [slice(i, i + group) for i in range(0, h, group)]
+        return torch.cat([core(q[:, s], k[:, s], v[:, s], key_padding_mask) for s in heads], 1)
     if out is not None:
         for i in range(0, h, group):
             heads = slice(i, i + group)
