@@ -119,6 +119,16 @@ class Band:
             windows = rows.unfold(0, self.span, self.block).transpose(1, 2)
         return windows.unflatten(0, (b, h, self.n_blocks))
 
+    def windows(self, x: Tensor, first: int = 0, stop: int | None = None) -> Tensor:
+        """The keys (or values) of blocks first..stop-1 (all by default) for a product, (B, H,
+        blocks, span, d): ``flat_keys`` for all blocks (no copy, a cheap backward; entries
+        beyond a sequence's ends are other rows, which the caller's key mask must zero),
+        ``keys`` for some (used without a backward only: the bands are chunked only then)."""
+        stop = self.n_blocks if stop is None else stop
+        if first == 0 and stop == self.n_blocks:
+            return self.flat_keys(x)
+        return self.keys(x, first, stop)
+
     def keep(
         self, key_ok: Tensor, causal: bool = False, first: int = 0, stop: int | None = None
     ) -> Tensor:
@@ -216,7 +226,7 @@ class LongformerAttention(Core):
         q_blocks = band.queries(q)
         # Windows over the sequences end to end (no copy before the products); their entries
         # beyond a sequence's ends are masked by keep like the zero-padded ones were.
-        k_windows, v_windows = band.flat_keys(k), band.flat_keys(v)
+        k_windows, v_windows = band.windows(k), band.windows(v)
         scores = q_blocks @ k_windows.transpose(-1, -2) / math.sqrt(q.shape[-1])
         # Global keys are scored in their own columns below; dropping them from the band keeps
         # them from being counted twice.

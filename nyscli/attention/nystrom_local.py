@@ -337,9 +337,9 @@ class NystromLocalAttention(Core):
         # The band's entries that count: within the band's shape, on a key that is real and
         # not heavy; (B, H, c, 1, span), 0 at the zero-padded ends too.
         key_ok = band.keys(parts.band_keys, first, stop).transpose(-1, -2)
+        k_windows, v_windows = (band.windows(x, first, stop) for x in (k, v))
         # -inf where an entry does not count; in place: the product does not need its output
         # for its backward.
-        k_windows, v_windows = (self._windows(band, x, first, stop) for x in (k, v))
         band_scores = q_blocks @ k_windows.transpose(-1, -2)
         band_scores.add_(parts.shape_bias).add_(to_bias(key_ok > 0, q.dtype))
         g = parts.heavy_real.shape[-1]
@@ -353,24 +353,13 @@ class NystromLocalAttention(Core):
             f = e_small[..., g:].to(parts.z.dtype)  # F' (B, H, c, block, m)
             p = per_query(f, parts.z).to(e_small.dtype)  # F' pinv(A'), O(n m)
         # B' on each block's span, on the keys the band scores only.
-        windows = self._windows(band, parts.b_kernel.transpose(-1, -2), first, stop)
-        windows = windows.transpose(-1, -2)
+        windows = band.windows(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
         windows = windows * key_ok
         w_band, w_small, den = self._weights(
             p, windows, parts, key_ok, (band_scores, shift), e_heavy
         )
         num = (w_band @ v_windows).add_(per_query(w_small, parts.small_v))
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))  # in place: no new buffer
-
-    @staticmethod
-    def _windows(band: Band, x: Tensor, first: int, stop: int) -> Tensor:
-        """The band's keys, values or B'^T of blocks first..stop-1 (B, H, c, span, d): for all
-        blocks, windows that need no copy before a product (``Band.flat_keys``; their entries
-        beyond a sequence's ends are other rows, which key_ok masks), as a backward needs;
-        for some, ``Band.keys``'s view (no backward: the band is only chunked without one)."""
-        if first == 0 and stop == band.n_blocks:
-            return band.flat_keys(x)
-        return band.keys(x, first, stop)
 
     def _weights(
         self,
