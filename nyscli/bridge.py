@@ -61,7 +61,7 @@ from nyscli.sweeps import per_attention
 from nyscli.tracking import search
 from nyscli.train import distributed
 from nyscli.train.errors import TrainingInterrupted
-from nyscli.train.resume import RESUMED_FROM_FILE
+from nyscli.train.resume import RESUMED_FROM_FILE, pin_overrides
 
 log = logging.getLogger("nys")
 
@@ -293,7 +293,8 @@ class Plan:
     hydra: DictConfig  # the composed hydra node: mode, run and sweep dirs
     done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
     jobs: tuple[tuple[str, ...], ...] = ()  # a sweep's jobs (overrides each), as they will run
-    note: str | None = None  # what the sweep changed (attention options dropped where absent)
+    note: str | None = None  # what the launch changed (sweep options dropped, settings kept)
+    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings)
 
 
 def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
@@ -352,6 +353,31 @@ def _sweeps(overrides: list[str]) -> bool:
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
 
+def _resume_pins(
+    module: ModuleType, composing: Hydra, command: str, cfg: DictConfig, overrides: list[str]
+) -> tuple[tuple[str, ...], str | None]:
+    """``resume=<run folder>`` keeps the recorded value of every setting whose default changed
+    since that run (a training command's ``resume_pins``): the overrides that do it, and the
+    note that says so. A resumed run trains with the settings it records, and a code update
+    between two chunks of a run is not a change the user asked for."""
+    pins_of = getattr(module, "resume_pins", None)
+    if pins_of is None:
+        return (), None
+
+    def compose(job: list[str]) -> DictConfig:
+        today = _compose_job(composing, command, _task_overrides(job))
+        with open_dict(today):
+            del today["hydra"]
+        return today
+
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    pins = pins_of(cfg, given, compose)
+    if not pins:
+        return (), None
+    kept = ", ".join(f"{p.key}={p.old} (default now {p.new})" for p in pins)
+    return tuple(pin_overrides(pins)), f"resume keeps that run's settings: {kept}"
+
+
 def plan_launch(
     command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
 ) -> Plan:
@@ -371,8 +397,13 @@ def plan_launch(
             node = cfg.hydra
             if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
                 _check_job(module, command, cfg, overrides)
+                pins, note = _resume_pins(module, composing, command, cfg, overrides)
+                if pins:  # the run composed as it will run, with the settings it keeps
+                    cfg = _compose_job(composing, command, [*overrides, *pins])
+                    node = cfg.hydra
+                    _check_job(module, command, cfg, [*overrides, *pins])
                 check = getattr(module, "preflight", None)
-                return Plan(False, node, check(cfg) if check else None)
+                return Plan(False, node, check(cfg) if check else None, note=note, pins=pins)
         node = composing.compose_config(
             config_name=command,
             overrides=overrides,
@@ -686,6 +717,7 @@ def _launch(command: str, arguments: list[str]) -> int:
             if plan.done:  # e.g. resume= names a finished run: nothing to run, no folder
                 console.print(escape(plan.done), highlight=False, soft_wrap=True)
                 return 0
+            args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
             fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
             # A resumed search's sweep folder holds earlier jobs (one cut short): not this launch's.
             earlier = set(find_run_folders([sweep_dir])) if sweep_dir is not None else set()

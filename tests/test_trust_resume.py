@@ -63,6 +63,29 @@ def test_changed_settings_are_refused_in_one_line_without_a_folder(run_nys, tmp_
     assert run_folders(tmp_path / "outputs" / "lra") == [run]  # no new folder
 
 
+def test_a_default_changed_since_the_run_keeps_its_recorded_value(run_nys, tmp_path, stopped_run):
+    """A code update between two chunks moved a default the run never set (here: its record
+    says bucket 1, today's default is 8): the resume trains with the recorded 1, says so, and
+    records no change; set on the command line, the new value is still refused."""
+    args, run = stopped_run
+    saved = run / ".hydra" / "config.yaml"
+    recorded = OmegaConf.load(saved)
+    assert recorded.trainer.bucket != 1 and not any("bucket" in a for a in args)
+    recorded.trainer.bucket = 1
+    OmegaConf.save(recorded, saved)
+    asked = run_nys("lra", *args, f"resume={run}", "trainer.bucket=8")
+    assert asked.returncode == 2 and "trainer.bucket (1 -> 8)" in " ".join(asked.stdout.split())
+    done = run_nys("lra", *args, f"resume={run}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = " ".join(done.stdout.split())
+    assert "resume keeps that run's settings: trainer.bucket=1 (default now 8)" in line
+    [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+    assert OmegaConf.load(resumed / ".hydra" / "config.yaml").trainer.bucket == 1
+    assert "trainer.bucket=1" in OmegaConf.load(resumed / ".hydra" / "overrides.yaml")
+    row = pd.read_csv(resumed / "results.csv").iloc[0]
+    assert row.status == "ok" and pd.isna(row.get("resume_changes"))
+
+
 def test_allowed_changes_are_applied_and_both_values_recorded(run_nys, tmp_path, stopped_run):
     args, run = stopped_run
     done = run_nys("lra", *args, f"resume={run}", "trainer.lr=5e-4", "resume_changes=allow")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,15 @@ from nyscli.train import (
     seed_everything,
 )
 from nyscli.train.resources import peak_memory_mb
-from nyscli.train.resume import ResumePlan, plan_resume, record_resume
+from nyscli.train.resume import (
+    Change,
+    ResumePlan,
+    default_pins,
+    named_run,
+    plan_resume,
+    record_resume,
+    recorded_overrides,
+)
 
 log = logging.getLogger(__name__)
 # Command-line keys that set the schedule explicitly: kept as given when --steps scales it.
@@ -70,6 +78,24 @@ def resume_plan(cfg: DictConfig, run_dir: Path | None = None) -> ResumePlan:
     return plan_resume(
         cfg, Path(OUTPUT_ROOT) / command, run_dir, lambda saved: upgrade_recorded(saved, command)
     )
+
+
+def resume_pins(
+    cfg: DictConfig, given: set[str], compose: Callable[[list[str]], DictConfig]
+) -> list[Change]:
+    """For ``resume=<run folder>``: the settings whose default changed since that run, each
+    to be kept at its recorded value (see :func:`nyscli.train.resume.default_pins`).
+    ``compose`` builds today's config from a list of overrides (that run's own)."""
+    run = named_run(cfg.get("resume"))
+    if run is None:
+        return []
+    command = str(cfg.command)
+    saved = upgrade_recorded(OmegaConf.load(run / ".hydra" / "config.yaml"), command)
+    try:
+        today = compose(recorded_overrides(run))
+    except Exception:  # its overrides no longer compose: plan_resume names the differences
+        return []
+    return default_pins(saved, today, cfg, given)
 
 
 def preflight(cfg: DictConfig) -> str | None:

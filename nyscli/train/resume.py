@@ -150,6 +150,12 @@ def _last_checkpoint(run: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def _checkpoint_named(resume: Any) -> Path | None:
+    """The last.pt that ``resume=<run folder or last.pt>`` names, or None."""
+    path = Path(str(resume)).expanduser()
+    return path if path.is_file() else (_last_checkpoint(path) if path.is_dir() else None)
+
+
 def _off(resume: Any) -> bool:
     return resume is None or resume is False or str(resume).lower() in ("false", "none", "null")
 
@@ -180,8 +186,7 @@ def plan_resume(
     here = Path(current_run).resolve() if current_run is not None else None
     if resume is True or str(resume).lower() == "true":
         return _newest_identical(cfg, Path(runs_root), here, upgrade)
-    path = Path(str(resume)).expanduser()
-    checkpoint = path if path.is_file() else (_last_checkpoint(path) if path.is_dir() else None)
+    checkpoint = _checkpoint_named(resume)
     if checkpoint is None:
         raise CheckpointError(
             f"resume={resume} is not a run folder with {CHECKPOINT_DIR}/{LAST}; "
@@ -217,6 +222,66 @@ def plan_resume(
     if not finished:
         check_complete(checkpoint)  # a truncated file: one line now, not after the data
     return ResumePlan(checkpoint, tuple(changes), finished)
+
+
+def named_run(resume: Any) -> Path | None:
+    """The run folder ``resume=<run folder or last.pt>`` names, when it holds a saved config;
+    None for ``true``/off or a path that is not such a run (:func:`plan_resume` says why)."""
+    if _off(resume) or str(resume).lower() == "true":
+        return None
+    checkpoint = _checkpoint_named(resume)
+    if checkpoint is None:
+        return None
+    run = checkpoint.parent.parent
+    return run if (run / ".hydra" / "config.yaml").is_file() else None
+
+
+def recorded_overrides(run: Path) -> list[str]:
+    """The command-line overrides a run folder recorded (``.hydra/overrides.yaml``)."""
+    path = run / ".hydra" / "overrides.yaml"
+    return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
+
+
+def _override_value(value: Any) -> str:
+    """``value`` as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def default_pins(
+    saved: DictConfig, today: DictConfig, current: DictConfig, given: set[str]
+) -> list[Change]:
+    """The settings whose default changed since a run was recorded, for ``resume=`` to keep.
+
+    ``saved``: the run's recorded config; ``today``: the config its recorded overrides compose
+    to now; ``current``: this launch's config; ``given``: the dotted keys (or groups) this
+    command line sets. A setting is kept at its recorded value when it is a scalar present
+    then and now, differs between ``saved`` and ``today`` (a default moved) and this launch
+    neither sets it nor gets another value for it (so a recipe or group choice made now is
+    not undone). A changed list, or a key added or removed since, stays a difference for
+    :func:`plan_resume` to refuse."""
+    scalar = (str, int, float, bool, type(None))
+    now = settings(current)
+    keys = set(settings(saved)) & set(settings(today))
+    return [
+        c
+        for c in setup_changes(saved, today)
+        if c.key in keys
+        and isinstance(c.old, scalar)
+        and isinstance(c.new, scalar)
+        and now.get(c.key) == c.new
+        and not any(c.key == g or c.key.startswith(f"{g}.") for g in given)
+    ]
+
+
+def pin_overrides(pins: list[Change]) -> list[str]:
+    """``key=<recorded value>`` overrides for :func:`default_pins`."""
+    return [f"{c.key}={_override_value(c.old)}" for c in pins]
 
 
 def _newest_identical(

@@ -71,6 +71,7 @@ from nyscli.experiments.training import (
     class_balance,
     fit_schedule,
     preflight,
+    resume_pins,
     run_context,
     start_run,
 )
@@ -92,7 +93,7 @@ from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {

@@ -60,6 +60,7 @@ from nyscli.experiments.training import (
     check_values,
     fit_schedule,
     preflight,
+    resume_pins,
     run_context,
     start_run,
 )
@@ -85,7 +86,7 @@ log = logging.getLogger(__name__)
 CURVE_FILE = "pretraining_curves.png"
 OBJECTIVES = ("mlm_sop", "distill")
 TEACHER_ATTENTION = {"name": "softmax"}  # an imported BERT checkpoint's own attention
-__all__ = ["preflight", "render", "run", "validate"]  # preflight: the bridge's resume check
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {
