@@ -29,9 +29,14 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
+    """Restore what :func:`rng_state` captured.
+
+    torch's setters take CPU byte tensors only, and a checkpoint loaded with
+    ``map_location=cuda`` (a resume on a GPU) carries these states on the GPU: they come back
+    first. A machine with fewer GPUs than the run's restores the devices it has."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = [s.cpu() for s in state["cuda"]][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(cuda)
