@@ -31,6 +31,7 @@ def counted(monkeypatch) -> dict[str, int]:
     """Calls of the shared work (source, exact attention, SVD), each wrapped to count; the
     in-process inputs start empty, as in a fresh process."""
     monkeypatch.setattr(cache, "_inputs", {})
+    monkeypatch.setattr(cache, "_held", {})
     calls = {"load_inputs": 0, "exact_attention": 0, "svd_factors": 0}
     for module, name in (
         (approx_error, "load_inputs"),
@@ -61,10 +62,22 @@ def assert_same_numbers(a: pd.DataFrame, b: pd.DataFrame) -> None:
     assert a["value"].notna().all()
 
 
+@pytest.mark.parametrize("held", [True, False])
 def test_a_two_job_sweep_computes_the_source_once_with_the_numbers_of_two_runs(
-    tmp_path: Path, monkeypatch, counted
+    tmp_path: Path, monkeypatch, counted, held
 ) -> None:
+    """The basic launcher's jobs share this process: the per-head entries stay in memory
+    (``held``), or, when they would not fit beside a job's peak, go through the disk."""
     monkeypatch.chdir(tmp_path)
+    if not held:
+        monkeypatch.setattr(cache, "USABLE", 0.0)  # no room to hold them
+    written: list[str] = []
+    write = cache.SourceCache.write
+    monkeypatch.setattr(
+        cache.SourceCache,
+        "write",
+        lambda self, path, name, e: [written.append(name), write(self, path, name, e)],
+    )
     sweep = tmp_path / "sweep"
     code = launch(
         "approx_error",
@@ -73,6 +86,8 @@ def test_a_two_job_sweep_computes_the_source_once_with_the_numbers_of_two_runs(
     assert code == 0
     # Before: 2 jobs x (1 source, 2 heads' exact attention, 2 SVDs).
     assert counted == {"load_inputs": 1, "exact_attention": HEADS, "svd_factors": HEADS}
+    per_head = [f"{kind}-0-0-{h}" for h in range(HEADS) for kind in ("exact", "svd")]
+    assert sorted(written) == sorted(["inputs"] + ([] if held else per_head))
     assert not (sweep / SWEEP_CACHE).exists()  # removed at the sweep's end
 
     # The second job took the first one's work: the same numbers as a run of its own.
@@ -88,6 +103,7 @@ def test_a_job_in_another_process_reads_the_source_from_the_sweep_folder(
     tmp_path: Path, monkeypatch, counted
 ) -> None:
     monkeypatch.setattr(cache, "sweep_folder", lambda: tmp_path / "sweep")
+    monkeypatch.setattr(cache, "jobs_share_this_process", lambda: False)  # a launcher's job
     run(tmp_path, *TINY, "budgets=[4]")
     entries = sorted(p.name for p in (tmp_path / "sweep" / SWEEP_CACHE).glob("*/*.pt"))
     assert entries == [

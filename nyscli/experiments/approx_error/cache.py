@@ -8,12 +8,16 @@ every job of such a sweep finds it. Two levels:
 
 - in this process, the last source's Q, K, V (tens of MB at most): Hydra's basic launcher runs
   a sweep's jobs one after another in one process, and a run called twice reuses them;
-- on disk, in a sweep only: ``<sweep folder>/.cache/approx-error-<hash>/<entry>.pt``, written
-  atomically, so jobs in other processes (joblib, submitit, slurm) read what the first job
-  computed. Two jobs that miss at once both compute it, and the last rename wins (both wrote
-  the same numbers). The per-head entries (3 n^2 numbers a head: S, U, V^T) live only there:
-  holding every head's in memory across jobs would raise each job's peak by all of them. The
-  sweep's end removes the folder (``experiments/report/sweep_summary.py``).
+- the per-head entries (S, U and V^T: 3 n^2 numbers a head, and S V), in a sweep only:
+  - held in this process when Hydra's basic launcher runs the jobs one after another here
+    and all of them fit beside the job's own peak (:meth:`SourceCache.hold`: 2.1 GB at the
+    defaults); writing and reading them back cost ~10 s in the first job and ~2 s in each
+    later one;
+  - else on disk, ``<sweep folder>/.cache/approx-error-<hash>/<entry>.pt``, written
+    atomically, so jobs in other processes (joblib, submitit, slurm) read what the first job
+    computed. Two jobs that miss at once both compute it, and the last rename wins (both
+    wrote the same numbers). The sweep's end removes the folder
+    (``experiments/report/sweep_summary.py``).
 
 A file that cannot be read, was written for another entry, or whose tensors fail their CRC
 (a flipped bit loads silently otherwise) is a miss: computed again and rewritten. The cache is
@@ -35,6 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from nyscli.experiments.approx_error.evaluate import Entry
+from nyscli.experiments.approx_error.memory import USABLE
 from nyscli.experiments.approx_error.sources import AttentionInputs
 from nyscli.files import atomic_writer
 from nyscli.paths import SWEEP_CACHE
@@ -48,6 +53,10 @@ VERSION = 1
 
 # The last source's inputs in this process: {key: inputs}, at most one key.
 _inputs: dict[str, list[AttentionInputs]] = {}
+# The last source's per-head entries held in this process ({key: {name: entry}}, at most one
+# key), when a sweep's jobs share the process (``SourceCache.hold``).
+_held: dict[str, dict[str, Entry]] = {}
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
 def digest(settings: dict[str, Any]) -> str:
@@ -78,6 +87,14 @@ def sweep_folder() -> Path | None:
         return None
     hydra = HydraConfig.get()
     return Path(hydra.sweep.dir) if hydra.mode == RunMode.MULTIRUN else None
+
+
+def jobs_share_this_process() -> bool:
+    """True in a sweep whose jobs Hydra's basic launcher runs one after another in this
+    process (the default ``nys ... -m``); a launcher plugin runs them elsewhere."""
+    if not HydraConfig.initialized() or sweep_folder() is None:
+        return False
+    return str(HydraConfig.get().launcher.get("_target_")) == BASIC_LAUNCHER
 
 
 def checksum(entry: Entry) -> int:
@@ -123,6 +140,7 @@ class SourceCache:
     def __init__(self, settings: dict[str, Any], folder: Path | None) -> None:
         self.key = digest(settings)
         self.read_count = self.computed_count = 0  # entries of this job, for ``report``
+        self.held = False  # per-head entries in this process, not on disk (``hold``)
         self.folder = (
             None if folder is None else Path(folder) / SWEEP_CACHE / f"{PREFIX}-{self.key}"
         )
@@ -136,8 +154,30 @@ class SourceCache:
             _inputs[self.key] = layers
         return _inputs[self.key]
 
+    def hold(self, entry_bytes: int, job_bytes: int, available: int) -> None:
+        """Keep the per-head entries in this process from now on, if the sweep's jobs run here
+        and ``entry_bytes`` (all of them) plus ``job_bytes`` (a job's own peak) fit in
+        :data:`memory.USABLE` of ``available``; else they go through the disk as before."""
+        self.held = (
+            self.folder is not None
+            and jobs_share_this_process()
+            and entry_bytes + job_bytes <= USABLE * available
+        )
+        if self.held and self.key not in _held:
+            _held.clear()  # one source at a time
+            _held[self.key] = {}
+
     def fetch(self, name: str, compute: Callable[[], Entry]) -> Entry:
-        """Entry ``name``: read from disk if there and sound, else ``compute()``d and stored."""
+        """Entry ``name``: held in this process, or read from disk if there and sound, else
+        ``compute()``d and stored."""
+        if self.held and name != "inputs":
+            entries = _held[self.key]
+            if name in entries:
+                self.read_count += 1
+            else:
+                entries[name] = compute()
+                self.computed_count += 1
+            return entries[name]
         if self.folder is None:
             return compute()
         path = self.folder / f"{name}.pt"
@@ -155,7 +195,8 @@ class SourceCache:
         if self.folder is not None:
             log.info(
                 "approx-error shared work: %d entries read, %d computed (%s)",
-                self.read_count, self.computed_count, self.folder,
+                self.read_count, self.computed_count,
+                "held in this process" if self.held else self.folder,
             )  # fmt: skip
 
     def read(self, path: Path, name: str) -> Entry | None:

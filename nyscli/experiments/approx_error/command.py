@@ -140,21 +140,26 @@ def validate(cfg: DictConfig) -> None:
     check_memory(cfg)
 
 
+def estimated_peak(cfg: DictConfig) -> int:
+    """A run's peak bytes on the CPU, estimated before anything is allocated (``memory``)."""
+    n, m = seq_len(cfg), max(budgets(cfg))
+    itemsize = torch.finfo(DTYPES[cfg.dtype]).bits // 8
+    with_matrix = n * n * itemsize <= cfg.max_matrix_mb * 2**20
+    with_svd = "svd" in cfg.baselines and with_matrix and n <= cfg.svd_max_seq_len
+    return approx_memory.estimated_bytes(
+        str(cfg.source), n, int(cfg.heads), int(cfg.head_dim), int(cfg.max_sequences),
+        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd,
+    )  # fmt: skip
+
+
 def check_memory(cfg: DictConfig) -> None:
     """Refuse, before anything is allocated, a run whose estimated peak (see ``memory``) does
     not fit this machine's memory (CPU runs; a GPU run's tensors live on the GPU)."""
     if str(cfg.device).startswith("cuda"):
         return
     n, m = seq_len(cfg), max(budgets(cfg))
-    itemsize = torch.finfo(DTYPES[cfg.dtype]).bits // 8
-    with_matrix = n * n * itemsize <= cfg.max_matrix_mb * 2**20
-    with_svd = "svd" in cfg.baselines and with_matrix and n <= cfg.svd_max_seq_len
-    estimate = approx_memory.estimated_bytes(
-        str(cfg.source), n, int(cfg.heads), int(cfg.head_dim), int(cfg.max_sequences),
-        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd,
-    )  # fmt: skip
     what = f"seq_len={n}, budgets up to {m}, heads={cfg.heads}, dtype={cfg.dtype}"
-    line = approx_memory.refusal(estimate, approx_memory.available_bytes(), what)
+    line = approx_memory.refusal(estimated_peak(cfg), approx_memory.available_bytes(), what)
     if line:
         raise UserInputError(line)
 
@@ -276,6 +281,11 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         baselines.remove("svd")
     if not with_matrix:
         console.print(f"[yellow]note:[/] n={n} too large for n x n matrices: no matrix_error")
+    if device.type == "cpu":  # a sweep's jobs in this process keep every head's S (and SVD)
+        per_head = (n * n * (4 if "svd" in baselines else 1) if with_matrix else n * d) * itemsize
+        cache.hold(
+            len(layers) * b * h * per_head, estimated_peak(cfg), approx_memory.available_bytes()
+        )
     cores = build_cores(cfg, n, budget_list)
     unit = cfg.get("budget_unit", "landmarks")
     nystrom_m = cfg.attention.num_landmarks * (2 if unit == "pairs" else 1)

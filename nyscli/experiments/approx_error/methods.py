@@ -12,6 +12,7 @@ landmarks), so every method of a row costs the same.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -155,6 +156,13 @@ def build_core(config: Mapping[str, Any], seed: int) -> nn.Module:
         return build_attention(config).eval()
 
 
+@functools.lru_cache(maxsize=1)
+def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """I_n, made once for the many cores and heads of a run (134 MB at n = 4,096 in float64);
+    read only."""
+    return torch.eye(n, dtype=dtype, device=device)
+
+
 def implied_matrix(
     core: nn.Module, q: Tensor, k: Tensor, key_padding_mask: Tensor | None
 ) -> Tensor:
@@ -168,7 +176,7 @@ def implied_matrix(
     """
     b, h, n, d = q.shape
     width = max(d, BLOCK_ENTRIES // (b * h * n * 4))
-    eye = torch.eye(n, dtype=q.dtype, device=q.device)
+    eye = _identity(n, q.dtype, q.device)
     columns = []
     for start in range(0, n, width):
         v = eye[:, start : start + width].expand(b, h, n, -1)  # (B, H, n, w): I[:, cols]
