@@ -107,6 +107,36 @@ def test_iterative_pinv_approaches_exact_pinv():
     assert errors[-1] < 1e-8 and errors[0] > 0.5
 
 
+@pytest.mark.parametrize(
+    "options", [{}, {"init": "original"}, {"tolerance": 1e-6}], ids=["per_matrix", "orig", "tol"]
+)
+def test_pinv_without_autograd_is_the_expression_bit_for_bit(options):
+    """The in-place loop (no backward to follow) gives exactly the values of the autograd
+    path's expression Z/4 (13 I - AZ (15 I - AZ (7 I - AZ)))."""
+    q, k, _ = smooth_qkv(2, 3, 256, 16, seed=3)
+    _, a, _ = nystrom(num_landmarks=16).kernels(q, k)
+    with torch.no_grad():
+        in_place = iterative_pinv(a, 6, **options)
+    expression = iterative_pinv(a.clone().requires_grad_(), 6, **options)
+    assert torch.equal(in_place, expression.detach())
+
+
+@pytest.mark.parametrize("landmarks", ["segment_means", "random", "kmeans"])
+def test_nystrom_inference_a_head_at_a_time_equals_one_call(monkeypatch, landmarks):
+    """Without autograd the general path runs in head groups (bounded temporaries): the same
+    output as all heads in one call, padded sequences included."""
+    from nyscli.attention import nystrom as nystrom_module
+
+    q, k, v = smooth_qkv(3, 4, 96, 8, seed=4)
+    mask = torch.arange(96)[None] < torch.tensor([[96], [70], [40]])
+    core = nystrom(num_landmarks=8, landmarks=landmarks)
+    with torch.no_grad():
+        whole = core.approximate_all(q, k, v, mask)
+        monkeypatch.setattr(nystrom_module, "INFERENCE_BUDGET", 1)  # one head per group
+        grouped = core.approximate(q, k, v, mask)
+    torch.testing.assert_close(grouped, whole, rtol=1e-12, atol=1e-14)
+
+
 def test_original_init_also_converges_and_residual_falls():
     q, k, _ = smooth_qkv(2, 3, 256, 16, seed=2)
     _, a, _ = nystrom(num_landmarks=32).kernels(q, k)

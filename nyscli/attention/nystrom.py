@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from nyscli.attention.chunking import by_length
+from nyscli.attention.chunking import DEFAULT_BUDGET, by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import (
@@ -24,6 +24,9 @@ from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterativ
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
 from nyscli.rules import Choice, Float, Int
+
+# Inference runs the general path a few heads at a time within this many temporary elements.
+INFERENCE_BUDGET = DEFAULT_BUDGET
 
 
 @register("nystrom")
@@ -171,6 +174,29 @@ class NystromAttention(Core):
         """
         if self.uses_fused_path(q, k, v, key_padding_mask):
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
+        if not backward_follows(q, k, v) and self.heads_independent():
+            # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse
+            # iterates: ~8 m^2 a head) outgrow SDPA's whole layer at large batches (MiniLM,
+            # batch 64, n 512: 134 vs 52 MB): a few heads at a time, the same values.
+            m, d = self.num_landmarks, q.shape[-1]
+            per_head = 8 * m * m + 3 * m * d
+            return in_head_groups(
+                self.approximate_all, q, k, v, key_padding_mask, per_head, INFERENCE_BUDGET
+            )
+        return self.approximate_all(q, k, v, key_padding_mask)
+
+    def heads_independent(self) -> bool:
+        """Whether each head's result depends on its own q, k, v alone. Not with the original
+        pinv start (one scale over the whole batch) or a pinv tolerance (the iteration count
+        is the worst matrix's): grouping heads would change those results."""
+        return self.pinv == "exact" or (
+            self.pinv_init == "per_matrix" and self.pinv_tolerance is None
+        )
+
+    def approximate_all(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        """:meth:`approximate` over all of q's heads in one go (the general path)."""
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
         w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
         del q_land  # the last attention needs only k~ and W: at inference this frees m x d

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nyscli.attention.core import backward_follows
 from nyscli.attention.errors import AttentionConfigError
 
 PINV_METHODS = ("iterative", "exact")
@@ -52,14 +53,45 @@ def iterative_pinv(
         else:
             scale = (a.sum(dim=-2).max() * a.sum(dim=-1).max()).clamp_min(tiny)
         z = a.transpose(-1, -2) / scale
-        eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
         steps = iterations if tolerance is None else PINV_MAX_ITERATIONS
+        if not backward_follows(a):
+            return _iterate_in_place(a, z, steps, tolerance)
+        eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
         for _ in range(steps):
             az = a @ z
             if tolerance is not None and _residual(az, a).max().item() <= tolerance:
                 break
             z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
         return z
+
+
+def _iterate_in_place(a: Tensor, z: Tensor, steps: int, tolerance: float | None) -> Tensor:
+    """:func:`iterative_pinv`'s loop without autograd, in five buffers of a's size: the
+    expression form allocates ~13 per step, which at inference set Nyström's peak memory
+    (MiniLM at batch 64, n 512: 175 MB for a 12 MB A, against SDPA's whole layer at ~50).
+    The same values bit for bit: c I - X is -X with c added to its diagonal, and the factor
+    1/4 (a power of two) is exact wherever it is applied."""
+    # z keeps its layout (its first value is A^T's view scaled): another layout would change
+    # which BLAS kernel multiplies it, and the last bits of the sums.
+    az, t, u, spare = (torch.empty(a.shape, dtype=a.dtype, device=a.device) for _ in range(4))
+    for _ in range(steps):
+        torch.matmul(a, z, out=az)
+        if tolerance is not None and _residual(az, a).max().item() <= tolerance:
+            break
+        _from_identity(t.copy_(az), 7)
+        _from_identity(torch.matmul(az, t, out=u), 15)
+        _from_identity(torch.matmul(az, u, out=t), 13)
+        torch.matmul(z.mul_(0.25), t, out=spare)
+        # The first z is A^T's layout: as an out= buffer it would make matmul write the
+        # transposed product, another summation order. A row-major buffer takes its place.
+        z, spare = spare, (z if z.is_contiguous() else torch.empty_like(spare))
+    return z
+
+
+def _from_identity(x: Tensor, c: float) -> Tensor:
+    """c I - x, in place over x: (..., m, m)."""
+    x.neg_().diagonal(dim1=-2, dim2=-1).add_(c)
+    return x
 
 
 def _residual(az: Tensor, a: Tensor) -> Tensor:
