@@ -63,6 +63,19 @@ def test_changed_settings_are_refused_in_one_line_without_a_folder(run_nys, tmp_
     assert run_folders(tmp_path / "outputs" / "lra") == [run]  # no new folder
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["plain", "it's", "back\\slash", "end\\", "a\\'b", "", "a=b,c", "null", 3, 1e-4, True, None],
+)
+def test_a_kept_value_reads_back_as_itself_in_hydras_override_grammar(value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from nyscli.train.resume import pin_overrides
+
+    [override] = pin_overrides([Change("k", value, "new")])
+    assert OverridesParser.create().parse_override(override).value() == value
+
+
 def test_a_default_changed_since_the_run_keeps_its_recorded_value(run_nys, tmp_path, stopped_run):
     """A code update between two chunks moved a default the run never set (here: its record
     says bucket 1, today's default is 8): the resume trains with the recorded 1, says so, and

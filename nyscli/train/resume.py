@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -250,7 +251,11 @@ def _override_value(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, (int, float)):
         return repr(value)
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # Hydra's quoted strings escape only quotes and the backslashes just before a quote (or
+    # before the closing one); any other backslash is literal.
+    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", str(value))
+    text = re.sub(r"(\\+)$", lambda m: m[1] * 2, text)
+    return f"'{text}'"
 
 
 def default_pins(
