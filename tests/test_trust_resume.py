@@ -99,6 +99,17 @@ def test_a_default_changed_since_the_run_keeps_its_recorded_value(run_nys, tmp_p
     assert row.status == "ok" and pd.isna(row.get("resume_changes"))
 
 
+def test_a_corrupt_recorded_config_is_one_line_naming_it(run_nys, tmp_path, stopped_run):
+    args, run = stopped_run
+    (run / ".hydra" / "config.yaml").write_text("trainer: [unclosed\n")
+    refused = run_nys("lra", *args, f"resume={run}")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    line = " ".join(refused.stdout.split())
+    assert "config.yaml cannot be read" in line and "line 2" in line
+    assert "Traceback" not in refused.stdout + refused.stderr
+    assert run_folders(tmp_path / "outputs" / "lra") == [run]  # no new folder
+
+
 def test_allowed_changes_are_applied_and_both_values_recorded(run_nys, tmp_path, stopped_run):
     args, run = stopped_run
     done = run_nys("lra", *args, f"resume={run}", "trainer.lr=5e-4", "resume_changes=allow")

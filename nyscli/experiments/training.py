@@ -36,6 +36,7 @@ from nyscli.train.resume import (
     plan_resume,
     record_resume,
     recorded_overrides,
+    saved_config,
 )
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def resume_pins(
     if run is None:
         return []
     command = str(cfg.command)
-    saved = upgrade_recorded(OmegaConf.load(run / ".hydra" / "config.yaml"), command)
+    saved = upgrade_recorded(saved_config(run), command)
     try:
         today = compose(recorded_overrides(run))
     except Exception:  # its overrides no longer compose: plan_resume names the differences

@@ -141,9 +141,21 @@ def is_finished(run: Path) -> bool:
     return bool(rows) and all(row.get("status", "ok") == "ok" for row in rows)
 
 
-def _saved_config(run: Path) -> DictConfig | None:
+def saved_config(run: Path) -> DictConfig | None:
+    """The config a run folder recorded (``.hydra/config.yaml``), None if it has none;
+    CheckpointError (one line naming the file) if it cannot be read."""
     path = run / ".hydra" / "config.yaml"
-    return OmegaConf.load(path) if path.is_file() else None  # type: ignore[return-value]
+    if not path.is_file():
+        return None
+    try:
+        return OmegaConf.load(path)  # type: ignore[return-value]
+    except Exception as error:  # YAML errors, a directory, unreadable bytes
+        mark = getattr(error, "problem_mark", None)  # a YAML error: what and where
+        reason = getattr(error, "problem", None) or (str(error).splitlines() or [""])[0]
+        reason = f"{reason} at line {mark.line + 1}" if mark is not None else reason
+        raise CheckpointError(
+            f"{path} cannot be read ({reason}); give a run folder that nys wrote"
+        ) from None
 
 
 def _last_checkpoint(run: Path) -> Path | None:
@@ -194,7 +206,7 @@ def plan_resume(
             "give a run folder of an earlier run, true (newest matching run) or false"
         )
     run = checkpoint.parent.parent
-    saved = _saved_config(run)
+    saved = saved_config(run)
     if saved is None:
         raise CheckpointError(
             f"resume={resume}: {run}/.hydra/config.yaml is missing, so the settings it ran "
