@@ -55,6 +55,7 @@ from nyscli.experiments.report.sweep_summary import write_summary
 from nyscli.files import write_csv, write_json, write_text
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE, find_run_folders
+from nyscli.overrides import override_key, override_keys, override_value
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
 from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.sweeps import per_attention
@@ -172,7 +173,7 @@ def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
         return None
     package = LAUNCHER_PACKAGES[launcher]
     # The default preset (local) needs no plugin: the culprit is the one given, if any.
-    presets = [o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith("cluster=")]
+    presets = [o.lstrip("+~") for o in overrides if override_key(o) == "cluster"]
     choice = presets[-1] if presets else f"hydra/launcher={launcher}"
     return (
         f"{choice} needs the Hydra launcher plugin {package}, which is not installed: "
@@ -261,7 +262,7 @@ def _task_overrides(overrides: list[str]) -> list[str]:
     return [
         o
         for o in overrides
-        if not o.lstrip("+~").startswith("hydra") or o.lstrip("+~").startswith("hydra.searchpath")
+        if not override_key(o).startswith("hydra") or override_key(o) == "hydra.searchpath"
     ]
 
 
@@ -277,7 +278,7 @@ def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
     made_for = cfg.get("command")
     if made_for == command:
         return
-    recipe = [o for o in overrides if o.lstrip("+~").startswith("experiment=")]
+    recipe = [o for o in overrides if override_key(o) == "experiment"]
     what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
     raise UserInputError(
         f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
@@ -370,7 +371,7 @@ def _resume_pins(
             del today["hydra"]
         return today
 
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = override_keys(overrides)
     pins = pins_of(cfg, given, compose)
     if not pins:
         return (), None
@@ -599,7 +600,7 @@ def discard_failed(folder: Path, made_parents: list[Path]) -> None:
 
 
 def _overrides_key(overrides: list[str], key: str) -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+    return key in override_keys(overrides)
 
 
 def claim_run_folder(
@@ -663,9 +664,9 @@ def launch(command: str, arguments: list[str]) -> int:
 def _given_dir(overrides: list[str]) -> Path:
     """The run (or sweep) folder of the launch: the last hydra.run.dir/sweep.dir override
     (claim_run_folder adds one for the timestamped default)."""
-    keys = ("hydra.run.dir=", "hydra.sweep.dir=")
-    given = [o.lstrip("+~").split("=", 1)[1] for o in overrides if o.lstrip("+~").startswith(keys)]
-    return Path(given[-1]) if given else Path(OUTPUT_ROOT)
+    keys = ("hydra.run.dir", "hydra.sweep.dir")
+    given = [override_value(o) for o in overrides if override_key(o) in keys]
+    return Path(given[-1]) if given and given[-1] is not None else Path(OUTPUT_ROOT)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover
 
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
+from nyscli.overrides import override_key
 from nyscli.paths import CONF_DIR
 from nyscli.stops import sigterm_raises, stop_code, stopped
 
@@ -76,7 +77,7 @@ def run_hydra_command(
 
     given = {key: value for key, value in typed.items() if value is not None}
     for override in overrides or []:
-        key = override.split("=", 1)[0].lstrip("+~")
+        key = override_key(override)
         if key in given:
             name = "task" if key == FINETUNE_TASK else key
             fail(

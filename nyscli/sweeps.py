@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from nyscli.overrides import override_key
+
 PREFIX = "attention."
 # A group choice (``attention=``, ``experiment=``, ``task=``) shapes the attention node; the
 # keys of the node are looked up once per distinct set of them.
@@ -86,7 +88,7 @@ def per_attention(jobs: list[list[str]], attention_keys: AttentionKeys) -> Split
 
 
 def _attention_name(job: Sequence[str]) -> str:
-    chosen = [o.split("=", 1)[1] for o in job if o.lstrip("+~").split("=", 1)[0] == "attention"]
+    chosen = [o.split("=", 1)[1] for o in job if "=" in o and override_key(o) == "attention"]
     return chosen[-1] if chosen else "the default attention"
 
 

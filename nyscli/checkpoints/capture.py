@@ -18,6 +18,7 @@ from nyscli.checkpoints.pretrained import CONFIG_FILE, load_pretrained, resolve_
 from nyscli.errors import UserInputError
 from nyscli.models.bert import BertEncoder, load_across_attention, with_attention
 from nyscli.models.bert_classifier import extend_positions
+from nyscli.overrides import override_keys
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
 TRAINER_CHECKPOINTS = ("checkpoints/best.pt", "checkpoints/last.pt")
@@ -26,7 +27,7 @@ EXPECTED = "minilm, hf:<folder or hub id>, a nys pretrain folder or a nys finetu
 
 def names_attention(overrides: Iterable[str]) -> bool:
     """True if command-line ``overrides`` choose an attention (attention=x or attention.k=v)."""
-    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    keys = override_keys(overrides)
     return any(key.split(".", 1)[0] == "attention" for key in keys)
 
 

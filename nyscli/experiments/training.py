@@ -19,6 +19,7 @@ from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.renamed import upgrade_recorded
 from nyscli.models.bert import BertConfig
+from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import (
     TrainerConfig,
@@ -147,7 +148,7 @@ def _explicit_keys(run_dir: Path) -> set[str]:
         overrides = list(HydraConfig.get().overrides.task)
     else:
         return set()
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = override_keys(overrides)
     return {field for field, keys in SCHEDULE_KEYS.items() if given & set(keys)}
 
 

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from nyscli.errors import UserInputError
 from nyscli.files import write_text
 from nyscli.output.runs import RESULTS_FILE
+from nyscli.overrides import override_key
 from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST, check_complete
 from nyscli.train.errors import CheckpointError
 
@@ -358,7 +359,7 @@ def resume_command(run_dir: Path) -> str:
         if skip:
             skip = False
             continue
-        key = arg.split("=", 1)[0].lstrip("+~")
+        key = override_key(arg)
         if key == "--resume" and "=" not in arg:
             skip = True  # its value is the next argument
         elif key not in ("resume", "--resume", "hydra.run.dir"):

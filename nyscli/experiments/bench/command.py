@@ -30,6 +30,7 @@ from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
 from nyscli.experiments.bench.worker import DTYPES
 from nyscli.output.paper import table1_rows
 from nyscli.output.plots import loglog_panels
+from nyscli.overrides import override_key
 from nyscli.train.resources import DEVICES, resolve_device
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def _override_keys() -> list[str]:
 
     if not HydraConfig.initialized():
         return []
-    return [o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
+    return [override_key(o) for o in HydraConfig.get().overrides.task]
 
 
 def user_selected_attention() -> bool:

@@ -50,6 +50,7 @@ from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.plots import pyplot, save_figure
 from nyscli.output.tables import flag_text, pct, rows_table
+from nyscli.overrides import override_keys
 from nyscli.train import (
     BEST,
     CHECKPOINT_DIR,
@@ -91,7 +92,7 @@ def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
 def _merged(cfg: DictConfig, trained: DictConfig) -> DictConfig:
     """The run's config with the few keys this command line set itself (OWN_KEYS)."""
     merged = OmegaConf.create(OmegaConf.to_container(trained, resolve=True))
-    given = {o.split("=", 1)[0].lstrip("+~") for o in current_overrides()}
+    given = override_keys(current_overrides())
     for key in OWN_KEYS:
         if key in given:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), force_add=True)
