@@ -274,37 +274,47 @@ def test_gradcheck_nystrom_and_multihead():
     assert torch.autograd.gradcheck(mha, (x,))
 
 
-def test_training_recomputes_the_pinv_instead_of_keeping_its_iterates(monkeypatch):
-    """The masked path keeps only A for the pinv's backward (its iterates are recomputed):
-    the same output and gradients in float64 as autograd through the iteration, and the
-    tensors kept for backward shrink by the iterates' size (exact bytes, not a timing)."""
+def test_masked_training_recomputes_the_product_and_keeps_less_than_sdpa(monkeypatch):
+    """The masked path keeps only q, k, v for backward and computes the product again (the
+    pinv inside it under its own recomputation): the same output and gradients in float64
+    as autograd through every op, and fewer bytes kept beyond q, k, v than SDPA keeps for the
+    same inputs (exact bytes, not a timing)."""
     q, k, v = (t.requires_grad_() for t in smooth_qkv(2, 3, 96, 8, seed=11))
     mask = torch.ones(2, 96, dtype=torch.bool)
     mask[1, 70:] = False
     weights = torch.randn(
         2, 3, 96, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4)
     )
-    core = nystrom(num_landmarks=16)
+    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
 
-    def run() -> tuple[list[torch.Tensor], int]:
+    def run(core: torch.nn.Module) -> tuple[list[torch.Tensor], int]:
         kept: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            kept[t.data_ptr()] = t.numel() * t.element_size()
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in inputs:
+                kept[storage.data_ptr()] = storage.nbytes()
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = core(q, k, v, mask)
         return [out, *torch.autograd.grad((out * weights).sum(), (q, k, v))], sum(kept.values())
 
-    recomputed, kept_bytes = run()
-    monkeypatch.setattr(type(core), "recomputed_pseudo_inverse", type(core).pseudo_inverse)
-    plain, plain_bytes = run()
-    for got, want in zip(recomputed, plain, strict=True):
+    core = nystrom(num_landmarks=16)
+    recomputed, kept_bytes = run(core)
+    _, sdpa_bytes = run(build_attention({"name": "softmax"}))
+    cls = type(core)
+    monkeypatch.setattr(cls, "recomputed_approximation", cls.approximate_all)
+    pinv_only, pinv_only_bytes = run(core)
+    monkeypatch.setattr(cls, "recomputed_pseudo_inverse", cls.pseudo_inverse)
+    plain, plain_bytes = run(core)
+    for got, want in zip([*recomputed, *pinv_only], plain * 2, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    # Each of the 6 iterations keeps six (B, H, m, m) tensors for autograd (36 in all).
+    assert kept_bytes < sdpa_bytes
+    # Each of the 6 pinv iterations keeps six (B, H, m, m) tensors for autograd (36 in all).
     iterate = 2 * 3 * 16 * 16 * 8
-    assert plain_bytes - kept_bytes >= 6 * 6 * iterate
+    assert plain_bytes - pinv_only_bytes >= 6 * 6 * iterate
+    assert pinv_only_bytes > sdpa_bytes  # what the whole product's recomputation removes
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -174,6 +174,8 @@ class NystromAttention(Core):
         """
         if self.uses_fused_path(q, k, v, key_padding_mask):
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
+        if backward_follows(q, k, v):
+            return self.recomputed_approximation(q, k, v, key_padding_mask)
         if not backward_follows(q, k, v) and self.heads_independent():
             # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse
             # iterates: ~8 m^2 a head) outgrow SDPA's whole layer at large batches (MiniLM,
@@ -246,6 +248,26 @@ class NystromAttention(Core):
             # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
             z = self.recomputed_pseudo_inverse(a)
             return (z @ bv.to(z.dtype)).to(v.dtype)
+
+    def recomputed_approximation(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        """:meth:`approximate_all` in training, keeping only q, k, v for backward.
+
+        Autograd would keep the landmark side (kernel, pinv input, Bk V, W, memberships) and
+        the last attention's output: ~3x what SDPA keeps beyond q, k, v (MiniLM, batch 16,
+        n 512: 36 vs 12 MB a layer), so the product runs again in backward: O(n m d + m^3) a
+        head, a few % of a transformer layer's step (docs/results/training-profile.md).
+        """
+        return checkpoint(
+            self.approximate_all,
+            q,
+            k,
+            v,
+            key_padding_mask,
+            use_reentrant=False,
+            preserve_rng_state=False,
+        )
 
     def recomputed_pseudo_inverse(self, a: Tensor) -> Tensor:
         """:meth:`pseudo_inverse` of a (B, H, m, m) that keeps only ``a`` for backward.
