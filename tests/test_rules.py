@@ -142,6 +142,23 @@ def test_old_key_names_are_refused_naming_the_new_one(command, old, new, tmp_pat
     assert not (tmp_path / "outputs").exists()
 
 
+def test_an_attention_option_added_since_a_run_reads_at_the_value_that_run_had(tmp_path):
+    """A Nyström run recorded before ``attention.recompute`` existed resumes without a
+    change of settings (it ran as recompute=false); giving recompute=true is a change."""
+    from nyscli.experiments.renamed import upgrade_recorded
+    from nyscli.train.resume import setup_changes
+
+    today = OmegaConf.create({"attention": {"name": "nystrom", "num_landmarks": 8,
+                                            "recompute": False}})  # fmt: skip
+    old = OmegaConf.create({"attention": {"name": "nystrom", "num_landmarks": 8}})
+    assert setup_changes(upgrade_recorded(old, "lra"), today) == []
+    today.attention.recompute = True
+    [change] = setup_changes(upgrade_recorded(old, "lra"), today)
+    assert (change.key, change.old, change.new) == ("attention.recompute", False, True)
+    softmax = OmegaConf.create({"attention": {"name": "softmax", "causal": False}})
+    assert "recompute" not in upgrade_recorded(softmax, "lra").attention
+
+
 def test_a_run_recorded_before_the_renames_reads_in_todays_names():
     """resume= and eval_only= read an old run's .hydra/config.yaml through the same table the
     command line refuses old keys with: values move to the new names, interpolations of the

@@ -23,7 +23,7 @@ from nyscli.attention.nystrom_cpu import fused_path_applies, fused_segment_means
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
-from nyscli.rules import Choice, Float, Int
+from nyscli.rules import Bool, Choice, Float, Int
 
 # Inference runs the general path a few heads at a time within this many temporary elements.
 INFERENCE_BUDGET = DEFAULT_BUDGET
@@ -49,6 +49,12 @@ class NystromAttention(Core):
             [q, k] features, ``kmeans_iterations`` Lloyd steps from the random draw).
         kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
         seed: random seed for ``landmarks="random"`` and the k-means start.
+        recompute: in training with padding (the general path), keep only q, k, v for
+            backward and compute the product again there: the bytes kept fall below SDPA's
+            (MiniLM, batch 16, n 512: 0 vs 12 MB a layer beyond q, k, v; 36 MB kept
+            otherwise), for ~1.3-1.4x the core's training time (about 1.04x a MiniLM step;
+            docs/results/training-profile.md). Off by default: at ListOps' and bert_mini's
+            shapes the core is a large share of the step and the memory is small.
         causal: not supported; landmarks mix future tokens into every query.
     """
 
@@ -65,6 +71,7 @@ class NystromAttention(Core):
         "landmarks": Choice(LANDMARK_METHODS),
         "kmeans_iterations": Int(low=0),  # 0: the random draw itself (no Lloyd step)
         "seed": Int(),
+        "recompute": Bool(),
         "causal": not_causal("nystrom", "its landmarks average over future tokens"),
     }
     budget_key = "num_landmarks"
@@ -79,6 +86,7 @@ class NystromAttention(Core):
         landmarks: str = "segment_means",
         kmeans_iterations: int = 5,
         seed: int = 0,
+        recompute: bool = False,
         causal: bool = False,
     ) -> None:
         super().__init__()
@@ -174,7 +182,7 @@ class NystromAttention(Core):
         """
         if self.uses_fused_path(q, k, v, key_padding_mask):
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
-        if backward_follows(q, k, v):
+        if self.recompute and backward_follows(q, k, v):
             return self.recomputed_approximation(q, k, v, key_padding_mask)
         if not backward_follows(q, k, v) and self.heads_independent():
             # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse
@@ -252,12 +260,13 @@ class NystromAttention(Core):
     def recomputed_approximation(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
     ) -> Tensor:
-        """:meth:`approximate_all` in training, keeping only q, k, v for backward.
+        """:meth:`approximate_all` in training (``recompute=True``), keeping only q, k, v.
 
         Autograd would keep the landmark side (kernel, pinv input, Bk V, W, memberships) and
         the last attention's output: ~3x what SDPA keeps beyond q, k, v (MiniLM, batch 16,
         n 512: 36 vs 12 MB a layer), so the product runs again in backward: O(n m d + m^3) a
-        head, a few % of a transformer layer's step (docs/results/training-profile.md).
+        head. The pseudo-inverse inside keeps its own recomputation, so no layer's iterates
+        are held at once even while its backward runs.
         """
         return checkpoint(
             self.approximate_all,

@@ -4,7 +4,9 @@ every key below it.
 
 On the command line an old key is refused in one line naming the new one. In a run folder
 written before the renames (``.hydra/config.yaml``), the old keys are read under their new
-names, so ``resume=`` and ``eval_only=`` keep working on such runs.
+names, so ``resume=`` and ``eval_only=`` keep working on such runs. Likewise an attention
+option added since a run was recorded is read at the value that does what that run did
+(:data:`ADDED_OPTIONS`), so resuming it is not a change of settings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ RENAMED: dict[str, dict[str, str]] = {
         "task.warmup_steps": "trainer.warmup_steps",
     },
 }
+# Attention options added after runs were recorded without them, at the value that behaves
+# as those runs did (a new option's default is always that value).
+ADDED_OPTIONS: dict[str, dict[str, object]] = {"nystrom": {"recompute": False}}
 _ABSENT = object()
 
 
@@ -48,7 +53,8 @@ def upgrade_recorded(cfg: DictConfig, command: str) -> DictConfig:
     """A run folder's recorded config in today's key names: resolved first (its own
     interpolations, e.g. ``trainer.lr: ${oc.select:task.lr,1e-4}``, read the old keys), then
     each old key's value moved to its new name, unless the record already holds a value there
-    (a trainer.* value such as a --steps cap is never overwritten); the old key goes."""
+    (a trainer.* value such as a --steps cap is never overwritten); the old key goes. An
+    attention option of :data:`ADDED_OPTIONS` that the record lacks is added at its value."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for old, new in RENAMED.get(command, {}).items():
         value = OmegaConf.select(cfg, old, default=_ABSENT)
@@ -59,4 +65,9 @@ def upgrade_recorded(cfg: DictConfig, command: str) -> DictConfig:
         parent, _, leaf = old.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
         node.pop(leaf)
+    attention = cfg.get("attention")
+    if isinstance(attention, DictConfig):
+        for key, value in ADDED_OPTIONS.get(str(attention.get("name")), {}).items():
+            if key not in attention:
+                attention[key] = value
     return cfg
