@@ -59,8 +59,11 @@ def pretrain_metrics(seed: int) -> pd.DataFrame:
 
 
 def test_pretrain_runs_overlay_their_dev_curves_per_attention_in_percent(tmp_path, figures):
+    """Each panel also draws its baseline (the most frequent token, SOP's majority class)
+    from the runs' results.csv, in percent like the curves."""
+    results = {"task": "mlm", "most_frequent_token_accuracy": 0.0509, "sop_majority_rate": 0.5195}
     runs = [
-        fake_run(tmp_path / name, "pretrain", [f"attention={name}", "threads=1"], {"task": "mlm"},
+        fake_run(tmp_path / name, "pretrain", [f"attention={name}", "threads=1"], results,
                  pretrain_metrics(seed))
         for seed, name in enumerate(("softmax", "nystrom"))
     ]  # fmt: skip
@@ -68,7 +71,9 @@ def test_pretrain_runs_overlay_their_dev_curves_per_attention_in_percent(tmp_pat
     assert png == tmp_path / "r_pretrain.png" and png.read_bytes()[:4] == b"\x89PNG"
     [(mlm_label, mlm), (sop_label, sop)] = figures["r_pretrain.png"]
     assert mlm_label == "dev MLM accuracy (%)" and sop_label == "dev SOP accuracy (%)"
-    assert sorted(mlm) == ["attention=nystrom", "attention=softmax"]
+    assert sorted(mlm) == ["attention=nystrom", "attention=softmax", "most frequent token"]
+    np.testing.assert_allclose(mlm["most frequent token"][1], [5.09, 5.09])
+    np.testing.assert_allclose(sop["majority class"][1], [51.95, 51.95])
     for seed, name in enumerate(("softmax", "nystrom")):
         dev = pretrain_metrics(seed).query("split == 'dev'")
         assert mlm[f"attention={name}"] == (list(dev.step), list(100 * dev.mlm_accuracy))
@@ -91,16 +96,20 @@ def test_finetune_curves_are_one_figure_per_task(tmp_path, figures):
 
     runs = [
         fake_run(tmp_path / f"{task}-{att}", "finetune", [f"task={task}", f"attention={att}"],
-                 {"task": task}, metrics(acc))
-        for task, att, acc in [("sst2", "softmax", 0.3), ("sst2", "nystrom", 0.4),
-                               ("mrpc", "softmax", 0.5)]
+                 {"task": task, "majority_rate": rate}, metrics(acc))
+        for task, att, acc, rate in [("sst2", "softmax", 0.3, 0.509),
+                                     ("sst2", "nystrom", 0.4, 0.509),
+                                     ("mrpc", "softmax", 0.5, 0.684)]
     ]  # fmt: skip
     written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "s_ft")
     assert [p.name for p in written] == ["s_ft_sst2.png", "s_ft_mrpc.png"]
     [(dev_label, dev), (_, train)] = figures["s_ft_sst2.png"]
     assert dev_label == "dev accuracy (%)"
     # Labelled by what differs within the task's figure; in percent.
+    majority = dev.pop("majority class")  # the task's own baseline, dashed
+    np.testing.assert_allclose(majority[1], [50.9, 50.9])
     assert dev == {"attention=softmax": ([2], [100 * 0.3]), "attention=nystrom": ([2], [100 * 0.4])}
+    np.testing.assert_allclose(figures["s_ft_mrpc.png"][0][1]["majority class"][1], [68.4, 68.4])
     assert all(y == [2.0] for _, y in train.values())
 
 

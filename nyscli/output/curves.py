@@ -67,9 +67,12 @@ def overlaid_curves(
     panels: Sequence[tuple[str, str, str]],
     path: Path,
     title: str = "",
+    baselines: Mapping[str, tuple[float, str]] | None = None,
 ) -> Path | None:
     """Several runs' learning curves on shared axes: one panel per (split, column, axis label),
     one line per run. ``curves``: label -> that run's metrics (columns step, split, <column>).
+    ``baselines``: column -> (value, label), drawn as a dashed line across that panel (the
+    trivial rule a curve has to leave).
 
     Returns None when no run has a point in any panel.
     """
@@ -86,6 +89,9 @@ def overlaid_curves(
             ax.plot(points["step"], shown(column, points[column]), marker="o", markersize=3,
                     label=name)  # fmt: skip
             drawn = True
+        if baselines and column in baselines:
+            value, name = baselines[column]
+            ax.axhline(shown(column, value), color="grey", linestyle="--", label=name)
         ax.set_xlabel("step")
         ax.set_ylabel(axis_label(label, column))
         ax.grid(True, alpha=0.3)

@@ -134,14 +134,39 @@ def _by_task(runs: list[RunFolder]) -> dict[str, list[RunFolder]]:
     return tasks
 
 
+def _shared_baseline(runs: list[RunFolder], column: str, label: str) -> tuple[float, str] | None:
+    """(value, label) of a results.csv baseline ``column`` when every run that records it
+    records the same value (runs on the same data); None otherwise (the table gives each)."""
+    values = set()
+    for run in runs:
+        if run.results is not None and column in run.results:
+            values |= {round(float(v), 6) for v in run.results[column].dropna()}
+    return (values.pop(), label) if len(values) == 1 else None
+
+
+def _baselines(runs: list[RunFolder], columns: dict[str, tuple[str, str]]) -> dict:
+    """metric column -> (value, label) for :func:`overlaid_curves`, from ``columns``:
+    metric column -> (results.csv baseline column, line label)."""
+    found = {key: _shared_baseline(runs, *source) for key, source in columns.items()}
+    return {key: line for key, line in found.items() if line is not None}
+
+
 def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
-    """Fig. 5: dev MLM and SOP accuracy against step, one line per run."""
+    """Fig. 5: dev MLM and SOP accuracy against step, one line per run, each panel with its
+    baseline (the most frequent token; SOP's majority class)."""
     panels = [
         (DEV, "mlm_accuracy", f"{DEV} MLM accuracy"),
         (DEV, "sop_accuracy", f"{DEV} SOP accuracy"),
     ]
+    baselines = _baselines(
+        runs,
+        {
+            "mlm_accuracy": ("most_frequent_token_accuracy", "most frequent token"),
+            "sop_accuracy": ("sop_majority_rate", "majority class"),
+        },
+    )
     title = f"pre-training: masked LM and sentence order, {DEV}"
-    path = overlaid_curves(_curves(runs), panels, _png(prefix), title)
+    path = overlaid_curves(_curves(runs), panels, _png(prefix), title, baselines)
     return [path] if path else []
 
 
@@ -152,7 +177,8 @@ def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path
     written = []
     for task, group in _by_task(runs).items():
         title = f"{runs[0].command} {task}: learning curves".replace("  ", " ")
-        path = overlaid_curves(_curves(group), panels, _png(prefix, task), title)
+        baselines = _baselines(group, {"accuracy": ("majority_rate", "majority class")})
+        path = overlaid_curves(_curves(group), panels, _png(prefix, task), title, baselines)
         written += [path] if path else []
     return written
 
