@@ -10,6 +10,7 @@ or results file untouched.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -32,6 +33,17 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block:
+    processes (the jobs of a parallel sweep) that lock the same path run their blocks one at
+    a time. Released when the block ends, also by an error or a killed process."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @contextlib.contextmanager

@@ -38,6 +38,42 @@ def test_atomic_writer_and_keyed_cache(tmp_path: Path) -> None:
     assert '"n": 1' in (a / "params.json").read_text()
 
 
+def _generate_in_a_job(cache: str, log: str) -> None:
+    """One sweep job's ensure_generated: each file it makes is logged, slowly."""
+    import time
+
+    def make(path: Path, split: str) -> None:
+        with open(log, "a") as f:
+            f.write(f"{split}\n")
+        time.sleep(0.3)  # long enough for the other job to find the file missing
+        with atomic_writer(path) as f:
+            f.write(split.encode())
+
+    cfg = common.GeneratorConfig(n_train=3, n_val=1, n_test=1)
+    common.ensure_generated(cache, "toy", cfg, common.SPLITS, lambda s, n: f"{s}-{n}", make)
+
+
+def test_parallel_jobs_generate_each_cached_file_once(tmp_path: Path) -> None:
+    """Two jobs of a parallel sweep needing the same generated data: one makes each file,
+    the other waits for it and reads it (they used to both generate it, in full)."""
+    import multiprocessing
+
+    log = tmp_path / "made.txt"
+    context = multiprocessing.get_context("fork")
+    jobs = [
+        context.Process(target=_generate_in_a_job, args=(str(tmp_path / "c"), str(log)))
+        for _ in range(2)
+    ]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(30)
+    assert [job.exitcode for job in jobs] == [0, 0]
+    assert sorted(log.read_text().split()) == ["test", "train", "val"]
+    [root] = (tmp_path / "c").iterdir()
+    assert (root / "train-3").read_bytes() == b"train"
+
+
 def test_pad_batch_and_ragged() -> None:
     seqs = common.RaggedSequences.from_list([np.array([5, 6, 7]), np.array([], int), np.array([9])])
     assert seqs.lengths.tolist() == [3, 0, 1] and seqs[2].tolist() == [9]

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset
 
 from nyscli.errors import UserInputError
-from nyscli.files import atomic_writer
+from nyscli.files import atomic_writer, exclusive_lock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -403,7 +403,11 @@ def ensure_generated(
     for split in splits:
         path = root / filename(split, cfg.split_size(split))
         if not path.exists():
-            make(path, split)
+            # The jobs of a parallel sweep need the same files: one generates each while the
+            # others wait for it (two Pathfinder jobs each spent 261 s on the same 20k images).
+            with exclusive_lock(root / f".{path.name}.lock"):
+                if not path.exists():
+                    make(path, split)
         paths[split] = path
     return paths
 

@@ -14,13 +14,12 @@ A sweep's jobs are child runs of one parent run named after the sweep folder.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from nyscli.files import write_json
+from nyscli.files import exclusive_lock, write_json
 from nyscli.tracking.config import MLFLOW_ARTIFACTS, default_mlflow_uri, missing_extra
 from nyscli.tracking.sinks import Row, Sink
 
@@ -66,8 +65,7 @@ def recorded_run(run_dir: Path | None, uri: str) -> str | None:
 
 def _parent(client: Any, experiment: str, sweep_dir: Path) -> str:
     """The sweep's parent run (created by its first job, under a lock: jobs may be parallel)."""
-    with open(sweep_dir / ".mlflow_parent.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(sweep_dir / ".mlflow_parent.lock"):
         path = sweep_dir / PARENT_FILE
         if path.is_file():
             return str(json.loads(path.read_text())["run_id"])

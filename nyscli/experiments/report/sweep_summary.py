@@ -12,7 +12,6 @@ The sweep's end also removes the work its jobs shared (``<sweep>/.cache``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import shutil
 from pathlib import Path
@@ -26,7 +25,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from nyscli.experiments.report.command import show_report
-from nyscli.files import write_csv
+from nyscli.files import exclusive_lock, write_csv
 from nyscli.output.runs import aggregate, find_run_folders, load_run
 from nyscli.paths import SWEEP_CACHE
 
@@ -39,8 +38,7 @@ LOCK_FILE = ".summary.lock"
 def write_summary(sweep_dir: Path) -> Path | None:
     """Rebuild ``summary.csv`` from the job folders under ``sweep_dir`` (None if none yet)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / LOCK_FILE, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with exclusive_lock(sweep_dir / LOCK_FILE):
         runs = []
         for path in find_run_folders([sweep_dir]):
             # A job starting right now may still be writing its .hydra/config.yaml.
