@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "nyscli.stops",
         "nyscli.console",
         "nyscli.paths",
+        "nyscli.overrides",
         "nyscli.conf",
     ),
     ("nyscli.attention",),
