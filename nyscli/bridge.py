@@ -599,10 +599,6 @@ def discard_failed(folder: Path, made_parents: list[Path]) -> None:
             return
 
 
-def _overrides_key(overrides: list[str], key: str) -> bool:
-    return key in override_keys(overrides)
-
-
 def claim_run_folder(
     command: str, overrides: list[str], plan: Plan
 ) -> tuple[Path | None, list[Path], Path | None]:
@@ -613,7 +609,7 @@ def claim_run_folder(
     deepest first; the sweep folder, None for a single run).
     """
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
-    if _overrides_key(overrides, key):
+    if key in override_keys(overrides):
         target = Path(str(plan.hydra.sweep.dir if plan.multirun else plan.hydra.run.dir))
         if plan.multirun and search.resumable(target):  # an interrupted search goes on there
             return None, [], target
@@ -665,8 +661,8 @@ def _given_dir(overrides: list[str]) -> Path:
     """The run (or sweep) folder of the launch: the last hydra.run.dir/sweep.dir override
     (claim_run_folder adds one for the timestamped default)."""
     keys = ("hydra.run.dir", "hydra.sweep.dir")
-    given = [override_value(o) for o in overrides if override_key(o) in keys]
-    return Path(given[-1]) if given and given[-1] is not None else Path(OUTPUT_ROOT)
+    given = [override_value(o) for o in overrides if override_key(o) in keys and "=" in o]
+    return Path(given[-1]) if given else Path(OUTPUT_ROOT)
 
 
 @contextlib.contextmanager

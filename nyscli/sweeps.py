@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from nyscli.overrides import override_key
+from nyscli.overrides import override_key, override_value
 
 PREFIX = "attention."
 # A group choice (``attention=``, ``experiment=``, ``task=``) shapes the attention node; the
@@ -88,7 +88,7 @@ def per_attention(jobs: list[list[str]], attention_keys: AttentionKeys) -> Split
 
 
 def _attention_name(job: Sequence[str]) -> str:
-    chosen = [o.split("=", 1)[1] for o in job if "=" in o and override_key(o) == "attention"]
+    chosen = [override_value(o) for o in job if override_key(o) == "attention" and "=" in o]
     return chosen[-1] if chosen else "the default attention"
 
 
