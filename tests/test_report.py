@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -253,3 +255,28 @@ def test_bench_at_one_length_draws_one_bar_per_method(tmp_path, monkeypatch):
     assert names == [a for a, _, _ in rows]
     assert times == [2.0, 1.5, 3.0]
     assert memory[:2] == [8.0, 3.0] and np.isnan(memory[2])  # out of memory: no bar
+
+
+def test_a_saved_log_scale_figure_frees_what_its_callers_held(tmp_path: Path) -> None:
+    # Log-scale tick labels go through mathtext, whose parser leaves exceptions in reference
+    # cycles with the frames on the stack: without a collection after saving, the caller's
+    # locals (approx-error's n x n maps) live on until Python's collector happens to run.
+    class Held:  # stands for a large tensor in the caller's frame
+        pass
+
+    def draw(held: Held) -> None:
+        # A title never parsed before in this process, so mathtext parses (and caches) it now.
+        title = f"$m = {id(held)}\\,{tmp_path.name.replace('_', '')}$"
+        df = pd.DataFrame({"m": [8, 16, 32], "error": [0.3, 0.2, 0.1], "line": "a"})
+        plots.loglog_panels(df, "m", [("error", "error")], "line", tmp_path / "f.png", title)
+
+    held = Held()
+    alive = weakref.ref(held)
+    gc.disable()  # only reference counting may free it
+    try:
+        draw(held)
+        del held
+        assert alive() is None
+    finally:
+        gc.enable()
+    assert (tmp_path / "f.png").stat().st_size > 0
