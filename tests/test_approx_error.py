@@ -21,7 +21,13 @@ from nyscli.attention.registry import available, core_class
 from nyscli.errors import UserInputError
 from nyscli.experiments.approx_error import command as approx_error
 from nyscli.experiments.approx_error import methods, sources
-from nyscli.experiments.approx_error.evaluate import evaluate_head, exact_head, iter_heads
+from nyscli.experiments.approx_error.evaluate import (
+    core_metrics,
+    evaluate_head,
+    exact_head,
+    iter_heads,
+    uniform_metrics,
+)
 from nyscli.experiments.approx_error.methods import build_core, core_config, implied_matrix
 from nyscli.experiments.approx_error.metrics import pinv_residual
 from nyscli.experiments.approx_error.summary import per_layer
@@ -329,6 +335,36 @@ def test_the_implied_matrix_applied_to_v_is_the_cores_output(name, monkeypatch):
         assert s_hat.shape == (2, 1, 120, 120)
         out = core(q, k, v, key_padding_mask)
         torch.testing.assert_close(s_hat @ v, out, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_matrix_error_a_block_at_a_time_is_the_whole_matrixs(masked, monkeypatch):
+    # Ŝ is formed only for the plot's head; every other head's error is summed over blocks of
+    # 32 columns (four at n = 120, the last one short). Both must be ||Ŝ - S|| / ||S||.
+    monkeypatch.setattr(methods, "BLOCK_ENTRIES", 120 * 4 * 32)
+    inputs = sources.smooth(120, 8, 2, 1.0, 4.0, seed=0)
+    if masked:
+        mask = torch.ones(1, 120, dtype=torch.bool)
+        mask[0, 100:] = False
+        inputs = sources.AttentionInputs(inputs.q, inputs.k, inputs.v, mask)
+    attention = {"name": "nystrom", "pinv": "iterative", "pinv_iterations": 6}
+    core = build_core(core_config("nystrom", 8, 120, attention, seed=0), seed=0)
+    for head in iter_heads([inputs], with_matrix=True):
+        blockwise, nothing = core_metrics(core, head)
+        whole, s_hat = core_metrics(core, head, keep=True)
+        assert nothing is None and s_hat.shape == (100 if masked else 120, 120)
+        exact = head.exact_matrix.numpy()
+        reference = np.linalg.norm(s_hat.numpy() - exact) / np.linalg.norm(exact)
+        assert blockwise["matrix_error"] == pytest.approx(reference, rel=1e-13)
+        assert whole["matrix_error"] == pytest.approx(reference, rel=1e-13)
+        assert blockwise["output_error"] == whole["output_error"] > 0
+        # The uniform baseline's row, broadcast, against its whole matrix.
+        (broadcast, _), (formed, matrix) = uniform_metrics(head), uniform_metrics(head, keep=True)
+        assert matrix[0, -1] == (0 if masked else 1 / 120) and matrix[:, 0].eq(matrix[0, 0]).all()
+        uniform = np.linalg.norm(matrix.numpy() - exact) / np.linalg.norm(exact)
+        assert (
+            broadcast["matrix_error"] == formed["matrix_error"] == pytest.approx(uniform, rel=1e-13)
+        )
 
 
 # --- real attention ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ for a reused scratch buffer)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -35,13 +36,27 @@ def _scratch(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def relative_error(approx: Tensor, exact: Tensor) -> float:
-    """||approx - exact||_F / ||exact||_F over all entries (shapes broadcast)."""
-    shape = tuple(torch.broadcast_shapes(approx.shape, exact.shape))
-    buffer = _scratch(shape, torch.result_type(approx, exact), exact.device)
+def relative_error(approx: Tensor, exact: Tensor, exact_norm: Tensor | None = None) -> float:
+    """||approx - exact||_F / ||exact||_F over all entries (shapes broadcast); ``exact_norm``,
+    when given, is ||exact||_F (a head's S is measured against many approximations)."""
+    return relative_error_of_blocks(
+        [(approx, exact)], exact.norm() if exact_norm is None else exact_norm
+    )
+
+
+def relative_error_of_blocks(blocks: Iterable[tuple[Tensor, Tensor]], exact_norm: Tensor) -> float:
+    """``relative_error`` of A against E given as matching blocks (A_i, E_i) that tile them,
+    and exact_norm = ||E||_F: A need never exist whole (an implied n x n matrix, a block of
+    columns at a time)."""
+    norms = []
     with torch.no_grad():  # a measure, never trained through (and out= takes no grad)
-        diff = torch.sub(approx, exact, out=buffer)  # the same values as approx - exact
-        return (diff.norm() / exact.norm().clamp_min(torch.finfo(exact.dtype).tiny)).item()
+        for approx, exact in blocks:
+            shape = tuple(torch.broadcast_shapes(approx.shape, exact.shape))
+            buffer = _scratch(shape, torch.result_type(approx, exact), exact.device)
+            diff = torch.sub(approx, exact, out=buffer)  # the same values as approx - exact
+            norms.append(diff.norm())
+        total = norms[0] if len(norms) == 1 else torch.stack(norms).norm()
+        return (total / exact_norm.clamp_min(torch.finfo(exact_norm.dtype).tiny)).item()
 
 
 def rowsum_deviation(row_sums: Tensor) -> float:
