@@ -1,8 +1,8 @@
 """The approximations compared at one budget m, and the attention matrix each one implies.
 
 Every core is linear in V, so the n x n matrix it implicitly applies is Ŝ = core(q, k, I_n);
-``implied_matrix`` computes it a block of columns at a time to bound memory, for any registered
-core.
+``implied_columns`` gives it a block of columns at a time to bound memory, for any registered
+core (``implied_matrix`` assembles the blocks; the matrix error needs only the blocks).
 Budget m means: Nyström landmarks, and for every other method m scored query-key pairs per
 query (the cores' own rule, ``config_at_pairs``: Linformer projected length k, Performer random
 features, Longformer window m + 1, the Nyström-local hybrid's band, landmarks and heavy keys),
