@@ -15,9 +15,12 @@ peer's ``torch.optim.AdamW`` (its run_tasks.py), nys's fused AdamW.
 
 Speed: one training step of each on the same random batch of 32 full-length sequences, in
 turn, ``--rounds`` times; the median, as training tokens/s. ``--train-steps K``: both train K
-steps on the same generated ListOps batches (the release generator's settings, lengths up to
-the run's length) with the same linear warm-up/decay schedule, then both are scored on the same
-seeded 500 dev expressions (beside the majority class).
+steps on the same batches (generated ListOps, the release generator's settings, lengths up to
+the run's length; or Image: grey CIFAR-10 from ``--image-data``, else the Fashion-MNIST
+substitute) with the same linear warm-up/decay schedule, then both are scored on the same
+seeded sample of ``--eval-examples`` dev examples, with its binomial standard error, beside
+the majority class. ``--seed`` sets the data order, the dev sample and the dropout stream;
+run several to see the noise between seeds.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nyscli.data.common import TaskData
 from nyscli.models.classifier import build_classifier
 from nyscli.train.optim import build_optimizer
 from nyscli.train.schedule import warmup_decay_factor
@@ -118,7 +122,7 @@ class Side:
 
 
 def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
-    torch.manual_seed(0)
+    torch.manual_seed(opts.seed)  # both models' initial weights
     peer, config = peer_model(opts.peer, opts.task, opts.attention)
     ours = nys_model(config, opts.attention)
     peer_opt = torch.optim.AdamW(peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6)
@@ -158,22 +162,37 @@ def speed(opts: argparse.Namespace) -> None:
     print(f"  nys / peer tokens/s: {med[PEER] / med['nys']:.2f}x")
 
 
-def listops_batches(n: int, count: int) -> tuple[list, list]:
-    """``count`` training batches and 500 dev examples of generated ListOps (the release's
-    lengths, 500-2000), padded to the run's length n."""
+def task_data(task: str, n: int, count: int, seed: int, image_data: Path | None) -> TaskData:
+    """The task's data at length n: generated ListOps (the release generator's settings,
+    lengths 500-2000, padded to n), or grey 32 x 32 images: CIFAR-10 from ``image_data``, else
+    the Fashion-MNIST substitute the ``nys lra`` Image task falls back to."""
+    if task == "image":
+        from nyscli.data.image import load_cifar10, load_fashion_mnist
+
+        return load_cifar10(image_data) if image_data else load_fashion_mnist()
     from nyscli.data.listops import ListOpsConfig, load_listops
 
-    cfg = ListOpsConfig(n_train=count * BATCH, n_val=500, n_test=BATCH, seed=0)
+    cfg = ListOpsConfig(n_train=count * BATCH, n_val=2000, n_test=BATCH, seed=seed)
     cache = Path.home() / ".cache" / "nyscli" / "data"
-    data = load_listops(cache_dir=cache, config=cfg, max_len=n, pad_to_max_len=True)
-    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(0)).tolist()
+    return load_listops(cache_dir=cache, config=cfg, max_len=n, pad_to_max_len=True)
+
+
+def batches(opts: argparse.Namespace, n: int) -> tuple[list, list]:
+    """``--train-steps`` training batches (a seeded order of the train split) and a seeded
+    sample of ``--eval-examples`` from the dev split, both collated at length n."""
+    data = task_data(opts.task, n, opts.train_steps, opts.seed, opts.image_data)
+    gen = torch.Generator().manual_seed(opts.seed)
+    order = torch.randperm(len(data.train), generator=gen).tolist()
+    if len(order) < opts.train_steps * BATCH:
+        sys.exit(f"--train-steps {opts.train_steps}: the train split has {len(order)} examples")
     train = [
         data.collate([data.train[i] for i in order[k : k + BATCH]])
-        for k in range(0, count * BATCH, BATCH)
+        for k in range(0, opts.train_steps * BATCH, BATCH)
     ]
+    count = min(opts.eval_examples, len(data.val))
+    sample = torch.randperm(len(data.val), generator=gen)[:count].tolist()
     dev = [
-        data.collate([data.val[i] for i in range(k, min(k + BATCH, 500))])
-        for k in range(0, 500, BATCH)
+        data.collate([data.val[i] for i in sample[k : k + BATCH]]) for k in range(0, count, BATCH)
     ]
     return train, dev
 
@@ -195,20 +214,29 @@ def accuracy(name: str, model: nn.Module, dev: list) -> float:
 def train(opts: argparse.Namespace) -> None:
     lr, warmup = 1e-3, max(1, opts.train_steps // 10)
     sides, config = build(opts, lr)
-    batches, dev = listops_batches(config["max_seq_len"], opts.train_steps)
-    majority = max(torch.cat([b[2] for b in dev]).bincount()).item() / 500
+    train_batches, dev = batches(opts, config["max_seq_len"])
+    labels = torch.cat([b[2] for b in dev])
+    majority = labels.bincount().max().item() / len(labels)
+    print(
+        f"{opts.task}, seed {opts.seed}: {opts.train_steps} steps of batch {BATCH}, lr {lr} "
+        f"(linear warm-up {warmup}, linear decay), dev sample of {len(labels)}"
+    )
     for name, side in sides.items():
-        torch.manual_seed(1)  # the same dropout stream start for both
+        torch.manual_seed(opts.seed + 1)  # the same dropout stream start for both
         start, losses = time.perf_counter(), []
-        for k, (ids, mask, labels) in enumerate(batches):
+        for k, (ids, mask, labels_k) in enumerate(train_batches):
             for group in side.optimizer.param_groups:
                 group["lr"] = lr * warmup_decay_factor(k, warmup, opts.train_steps, "linear", 0.0)
-            losses.append(side.step(ids, mask, labels))
+            losses.append(side.step(ids, mask, labels_k))
+            if not math.isfinite(losses[-1]):
+                sys.exit(f"{name}: loss {losses[-1]} at step {k + 1}")
         seconds = time.perf_counter() - start
+        right = accuracy(name, side.model, dev)
+        error = math.sqrt(right * (1 - right) / len(labels))  # binomial standard error
         print(
             f"{name}: {opts.train_steps} steps in {seconds:.0f} s, last-50 loss "
-            f"{statistics.mean(losses[-50:]):.3f}, dev accuracy "
-            f"{100 * accuracy(name, side.model, dev):.1f}% (majority {100 * majority:.1f}%)"
+            f"{statistics.mean(losses[-50:]):.3f}, dev accuracy {100 * right:.1f}% "
+            f"± {100 * error:.1f} (majority {100 * majority:.1f}%)"
         )
 
 
@@ -220,15 +248,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--train-steps", type=int, default=0)
+    parser.add_argument("--eval-examples", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0, help="data order, dev sample, dropout")
+    parser.add_argument(
+        "--image-data", type=Path, default=None, help="CIFAR-10 python folder (else Fashion-MNIST)"
+    )
+    parser.add_argument("--skip-speed", action="store_true")
     opts = parser.parse_args()
     if not (opts.peer / "model_wrapper.py").is_file():
         parser.error(f"--peer {opts.peer}: no model_wrapper.py there (give the clone's LRA/code)")
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    speed(opts)
+    if opts.train_steps and opts.task == "text":
+        parser.error("--train-steps trains on ListOps or Image; Text is timed only")
+    if not opts.skip_speed:
+        speed(opts)
     if opts.train_steps:
-        if opts.task != "listops":
-            parser.error("--train-steps trains on generated ListOps: use --task listops")
         train(opts)
 
 
