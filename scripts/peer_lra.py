@@ -19,8 +19,9 @@ steps on the same batches (generated ListOps, the release generator's settings, 
 the run's length; or Image: grey CIFAR-10 from ``--image-data``, else the Fashion-MNIST
 substitute) with the same linear warm-up/decay schedule, then both are scored on the same
 seeded sample of ``--eval-examples`` dev examples, with its binomial standard error, beside
-the majority class. ``--seed`` sets the data order, the dev sample and the dropout stream;
-run several to see the noise between seeds.
+the majority class. ``--seed`` sets the weights, the data order, the dev sample and the
+dropout stream; run several to see the noise between seeds. ``--sides nys`` (or ``peer``)
+trains one side only: each side's run depends on the seed alone, not on the other side.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from nyscli.train.schedule import warmup_decay_factor
 
 BATCH = 32
 PEER = "peer (mlpen LRA/code)"
+SIDES = {PEER: "peer", "nys": "nys"}  # --sides names
 ATTENTIONS = {"nystrom": "nystrom-64", "softmax": "softmax"}
 
 
@@ -79,6 +81,7 @@ def nys_model(config: dict, attention: str) -> nn.Module:
         "ffn_dim": config["transformer_hidden_dim"],
         "dropout": config["dropout_prob"],
         "pooling": config["pooling_mode"].lower(),
+        "init": "torch",  # the peer never re-initialises its Linear layers (nys lra's default)
     }
     return build_classifier(
         vocab_size=config["vocab_size"],
@@ -131,6 +134,8 @@ def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
         PEER: Side(peer, peer_opt, peer_step(peer, peer_opt)),
         "nys": Side(ours, ours_opt, nys_step(ours, ours_opt)),
     }
+    # Both are built either way, peer first, so each side's weights are the same for a seed.
+    sides = {name: side for name, side in sides.items() if opts.sides in ("both", SIDES[name])}
     for name, side in sides.items():
         print(f"{name}: {sum(p.numel() for p in side.model.parameters()):,} parameters")
     return sides, config
@@ -254,6 +259,9 @@ def main() -> None:
         "--image-data", type=Path, default=None, help="CIFAR-10 python folder (else Fashion-MNIST)"
     )
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument(
+        "--sides", default="both", choices=["both", "nys", "peer"], help="train only one side"
+    )
     opts = parser.parse_args()
     if not (opts.peer / "model_wrapper.py").is_file():
         parser.error(f"--peer {opts.peer}: no model_wrapper.py there (give the clone's LRA/code)")
@@ -261,6 +269,8 @@ def main() -> None:
         torch.set_num_threads(opts.threads)
     if opts.train_steps and opts.task == "text":
         parser.error("--train-steps trains on ListOps or Image; Text is timed only")
+    if opts.sides != "both" and not opts.skip_speed:
+        parser.error("--sides: the speed comparison needs both; add --skip-speed")
     if not opts.skip_speed:
         speed(opts)
     if opts.train_steps:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch import nn
 
 from nyscli.models import DualHead, build_classifier, pool
 
@@ -98,3 +101,37 @@ def test_sequence_longer_than_max_len_is_an_error():
     ids, mask = padded_batch([9], 9)
     with pytest.raises(ValueError, match="longer than the model's max_len"):
         model(ids, mask)
+
+
+@pytest.mark.parametrize("init", ["torch", "normal"])
+def test_model_init_starts_linear_layers_as_its_reference_code(init):
+    # torch (the paper's LRA code): PyTorch's Kaiming-uniform, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    # for weights and biases, std bound/sqrt(3); normal (BERT): N(0, 0.02), zero biases.
+    # Embeddings are N(0, 0.02) in both.
+    torch.manual_seed(0)
+    model = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128, "init": init}
+    classifier = build_classifier(
+        vocab_size=512, max_len=1024, num_classes=10, model=model, attention={"name": "nystrom"}
+    )
+    linears = [m for m in classifier.encoder.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) >= 8  # q, k, v (or one qkv), output and two FFN layers, per block
+    for linear in linears:
+        w, b = linear.weight, linear.bias
+        bound = 1 / math.sqrt(linear.in_features)
+        if init == "torch":
+            assert w.abs().max() <= bound and b.abs().max() <= bound and b.abs().max() > 0
+            assert w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+        else:
+            assert w.std().item() == pytest.approx(0.02, rel=0.1) and not b.any()
+    embeddings = [m for m in classifier.encoder.modules() if isinstance(m, nn.Embedding)]
+    for embedding in embeddings:
+        assert embedding.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_an_unknown_model_init_is_refused():
+    with pytest.raises(
+        ValueError, match="init='xavier' is not allowed; choose one of: normal, torch"
+    ):
+        build_classifier(
+            vocab_size=16, max_len=8, num_classes=2, model={"init": "xavier"}, attention={}
+        )

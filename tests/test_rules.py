@@ -151,12 +151,24 @@ def test_an_attention_option_added_since_a_run_reads_at_the_value_that_run_had(t
     today = OmegaConf.create({"attention": {"name": "nystrom", "num_landmarks": 8,
                                             "recompute": False}})  # fmt: skip
     old = OmegaConf.create({"attention": {"name": "nystrom", "num_landmarks": 8}})
-    assert setup_changes(upgrade_recorded(old, "lra"), today) == []
+    assert setup_changes(upgrade_recorded(old, "finetune"), today) == []
     today.attention.recompute = True
-    [change] = setup_changes(upgrade_recorded(old, "lra"), today)
+    [change] = setup_changes(upgrade_recorded(old, "finetune"), today)
     assert (change.key, change.old, change.new) == ("attention.recompute", False, True)
     softmax = OmegaConf.create({"attention": {"name": "softmax", "causal": False}})
-    assert "recompute" not in upgrade_recorded(softmax, "lra").attention
+    assert "recompute" not in upgrade_recorded(softmax, "finetune").attention
+
+
+def test_a_setting_added_since_a_run_reads_at_the_value_that_run_had():
+    """lra's model.init is new, with a default (torch) other than what earlier runs did: their
+    records read as normal; other commands' records get no such key."""
+    from nyscli.experiments.renamed import upgrade_recorded
+
+    old = OmegaConf.create({"model": {"dim": 64}})
+    assert upgrade_recorded(old, "lra").model.init == "normal"
+    torch_run = OmegaConf.create({"model": {"dim": 64, "init": "torch"}})
+    assert upgrade_recorded(torch_run, "lra").model.init == "torch"
+    assert "init" not in upgrade_recorded(old, "pretrain").model
 
 
 def test_a_run_recorded_before_the_renames_reads_in_todays_names():
@@ -180,6 +192,7 @@ def test_a_run_recorded_before_the_renames_reads_in_todays_names():
         "task": {"name": "listops", "max_len": 40},
         "trainer": {"max_steps": 4, "batch_size": 32, "eval_every": 2},
         "data": {"path": None, "generate": {"n_train": 48}},
+        "model": {"init": "normal"},  # ADDED_SETTINGS: what runs before the option ran
     }
     old_finetune = OmegaConf.create({"task": {"name": "sst2", "lr": 3e-5}, "data": {"dir": "x"},
                                      "trainer": {"lr": "${oc.select:task.lr,1e-4}"}})  # fmt: skip

@@ -99,6 +99,31 @@ def test_a_default_changed_since_the_run_keeps_its_recorded_value(run_nys, tmp_p
     assert row.status == "ok" and pd.isna(row.get("resume_changes"))
 
 
+def test_a_run_recorded_before_model_init_resumes_with_the_init_it_ran(
+    run_nys, tmp_path, stopped_run
+):
+    """lra's Linear layers now start as PyTorch makes them (model.init=torch, the paper's LRA
+    code); a run recorded before the option ran N(0, 0.02) and resumes so, recording no
+    change. Asking for torch on such a run is a change, refused."""
+    args, run = stopped_run
+    saved = run / ".hydra" / "config.yaml"
+    recorded = OmegaConf.load(saved)
+    assert recorded.model.init == "torch"
+    del recorded.model["init"]
+    OmegaConf.save(recorded, saved)
+    asked = run_nys("lra", *args, f"resume={run}", "model.init=torch")
+    assert asked.returncode == 2 and "model.init (normal -> torch)" in " ".join(
+        asked.stdout.split()
+    )
+    done = run_nys("lra", *args, f"resume={run}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = " ".join(done.stdout.split())
+    assert "resume keeps that run's settings: model.init=normal (default now torch)" in line
+    [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+    assert OmegaConf.load(resumed / ".hydra" / "config.yaml").model.init == "normal"
+    assert pd.read_csv(resumed / "results.csv").iloc[0].status == "ok"
+
+
 def test_a_corrupt_recorded_config_is_one_line_naming_it(run_nys, tmp_path, stopped_run):
     args, run = stopped_run
     (run / ".hydra" / "config.yaml").write_text("trainer: [unclosed\n")

@@ -6,7 +6,7 @@ On the command line an old key is refused in one line naming the new one. In a r
 written before the renames (``.hydra/config.yaml``), the old keys are read under their new
 names, so ``resume=`` and ``eval_only=`` keep working on such runs. Likewise an attention
 option added since a run was recorded is read at the value that does what that run did
-(:data:`ADDED_OPTIONS`), so resuming it is not a change of settings.
+(:data:`ADDED_OPTIONS`, :data:`ADDED_SETTINGS`), so resuming it is not a change of settings.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ RENAMED: dict[str, dict[str, str]] = {
 # Attention options added after runs were recorded without them, at the value that behaves
 # as those runs did (a new option's default is always that value).
 ADDED_OPTIONS: dict[str, dict[str, object]] = {"nystrom": {"recompute": False}}
+# Other settings added since, per command, at the value the runs recorded without them ran
+# with. Unlike an attention option, such a default may differ: lra's model.init is torch.
+ADDED_SETTINGS: dict[str, dict[str, object]] = {"lra": {"model.init": "normal"}}
 _ABSENT = object()
 
 
@@ -54,7 +57,8 @@ def upgrade_recorded(cfg: DictConfig, command: str) -> DictConfig:
     interpolations, e.g. ``trainer.lr: ${oc.select:task.lr,1e-4}``, read the old keys), then
     each old key's value moved to its new name, unless the record already holds a value there
     (a trainer.* value such as a --steps cap is never overwritten); the old key goes. An
-    attention option of :data:`ADDED_OPTIONS` that the record lacks is added at its value."""
+    attention option of :data:`ADDED_OPTIONS` or setting of :data:`ADDED_SETTINGS` that the
+    record lacks is added at its value."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for old, new in RENAMED.get(command, {}).items():
         value = OmegaConf.select(cfg, old, default=_ABSENT)
@@ -70,4 +74,7 @@ def upgrade_recorded(cfg: DictConfig, command: str) -> DictConfig:
         for key, value in ADDED_OPTIONS.get(str(attention.get("name")), {}).items():
             if key not in attention:
                 attention[key] = value
+    for key, value in ADDED_SETTINGS.get(command, {}).items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(cfg, key, value, force_add=True)
     return cfg

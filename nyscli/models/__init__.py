@@ -7,11 +7,12 @@ through one shared encoder -> logits, LRA retrieval) both take padding masks fro
 """
 
 from nyscli.models.classifier import DualEncoderClassifier, SequenceClassifier, build_classifier
-from nyscli.models.encoder import Encoder, EncoderConfig
+from nyscli.models.encoder import INITS, Encoder, EncoderConfig
 from nyscli.models.heads import ClassifierHead, DualHead
 from nyscli.models.pooling import POOLINGS, pool
 
 __all__ = [
+    "INITS",
     "POOLINGS",
     "ClassifierHead",
     "DualEncoderClassifier",

@@ -60,7 +60,8 @@ def build_classifier(
     attention: Mapping[str, Any],
     dual: bool = False,
 ) -> SequenceClassifier | DualEncoderClassifier:
-    """A classifier from a ``model`` config (dim, depth, num_heads, ffn_dim, dropout, pooling).
+    """A classifier from a ``model`` config (dim, depth, num_heads, ffn_dim, dropout, pooling,
+    init: ``encoder.INITS``; absent = normal).
 
     ``dual=True`` builds the retrieval dual encoder. Raises ValueError on an unknown pooling.
     """
@@ -79,6 +80,7 @@ def build_classifier(
         dropout=float(model.get("dropout", 0.1)),
         attention=dict(attention),
         cls_token=pooling == "cls",
+        init=str(model.get("init", "normal")),
     )
     cls = DualEncoderClassifier if dual else SequenceClassifier
     return cls(Encoder(cfg), num_classes, pooling)

@@ -38,6 +38,7 @@ class EncoderConfig:
     attention: Mapping[str, Any] = field(default_factory=lambda: {"name": "softmax"})
     cls_token: bool = False  # prepend a learned [CLS] vector (for CLS pooling)
     init_std: float = 0.02
+    init: str = "normal"  # normal | torch: how Linear layers start (see ``INITS``)
     type_vocab_size: int = 0  # > 0: add segment embeddings (BERT's sentence A/B); 0 = none
     norm: str = "pre"  # pre | post (LayerNorm placement, see the module docstring)
     layer_norm_eps: float = 1e-5  # BERT checkpoints: 1e-12
@@ -48,6 +49,10 @@ class EncoderConfig:
             raise ValueError(
                 f"norm={self.norm!r} is not allowed; choose one of: {', '.join(NORMS)}"
             )
+        if self.init not in INITS:
+            raise ValueError(
+                f"init={self.init!r} is not allowed; choose one of: {', '.join(INITS)}"
+            )
         if self.activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation={self.activation!r} is not allowed; choose one of: "
@@ -56,6 +61,14 @@ class EncoderConfig:
 
 
 NORMS = ("pre", "post")
+# How the encoder's Linear layers start; embeddings are N(0, init_std) either way.
+# normal: N(0, init_std) weights and zero biases, as BERT's reference code (pre-training, and
+#   every BERT checkpoint's architecture).
+# torch: PyTorch's own default (Kaiming-uniform weights and biases), as the paper's LRA code
+#   (mlpen/Nystromformer LRA/code), whose Linear layers are never re-initialised. With a
+#   width of 64 that is ~3x larger weights than N(0, 0.02); 200 Image steps reached 67.8%
+#   dev accuracy instead of 58.7% (docs/results/training-profile.md).
+INITS = ("normal", "torch")
 # Hugging Face's hidden_act names: "gelu" is the exact (erf) GELU, the others its tanh form.
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),
@@ -161,8 +174,12 @@ class Encoder(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        # BERT-style N(0, 0.02) as the reference code; LayerNorms keep their (1, 0) init.
-        if isinstance(module, nn.Linear | nn.Embedding):
+        # ``INITS``: embeddings always N(0, init_std); Linear layers too unless init=torch
+        # leaves them as PyTorch made them. LayerNorms keep their (1, 0) init.
+        normal = isinstance(module, nn.Embedding) or (
+            isinstance(module, nn.Linear) and self.config.init == "normal"
+        )
+        if normal:
             nn.init.normal_(module.weight, std=self.config.init_std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)

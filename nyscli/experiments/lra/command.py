@@ -45,7 +45,7 @@ from nyscli.experiments.training import (
     run_context,
     start_run,
 )
-from nyscli.models import POOLINGS, build_classifier
+from nyscli.models import INITS, POOLINGS, build_classifier
 from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
@@ -96,6 +96,7 @@ RULES: dict[str, schema.Rule] = {
         },
     ),
     "model.pooling": schema.Choice(values=POOLINGS),
+    "model.init": schema.Choice(values=INITS),
 }
 
 
