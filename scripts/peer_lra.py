@@ -65,8 +65,9 @@ def peer_model(peer: Path, task: str, attention: str) -> tuple[nn.Module, dict]:
     return wrapper.ModelForSC(config), config
 
 
-def nys_model(config: dict, attention: str) -> nn.Module:
-    """nys's classifier with the peer config's sizes."""
+def nys_model(config: dict, attention: str, init: str = "torch") -> nn.Module:
+    """nys's classifier with the peer config's sizes; ``init`` torch starts its Linear layers
+    as the peer's (PyTorch's default, never re-initialised), normal as BERT (N(0, 0.02))."""
     spec = {"name": "softmax"}
     if attention == "nystrom":
         spec = {
@@ -81,7 +82,7 @@ def nys_model(config: dict, attention: str) -> nn.Module:
         "ffn_dim": config["transformer_hidden_dim"],
         "dropout": config["dropout_prob"],
         "pooling": config["pooling_mode"].lower(),
-        "init": "torch",  # the peer never re-initialises its Linear layers (nys lra's default)
+        "init": init,
     }
     return build_classifier(
         vocab_size=config["vocab_size"],
@@ -127,7 +128,7 @@ class Side:
 def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
     torch.manual_seed(opts.seed)  # both models' initial weights
     peer, config = peer_model(opts.peer, opts.task, opts.attention)
-    ours = nys_model(config, opts.attention)
+    ours = nys_model(config, opts.attention, opts.nys_init)
     peer_opt = torch.optim.AdamW(peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6)
     ours_opt = build_optimizer(ours, lr, eps=1e-6)
     sides = {
@@ -259,6 +260,9 @@ def main() -> None:
         "--image-data", type=Path, default=None, help="CIFAR-10 python folder (else Fashion-MNIST)"
     )
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument(
+        "--nys-init", default="torch", choices=["torch", "normal"], help="nys's model.init"
+    )
     parser.add_argument(
         "--sides", default="both", choices=["both", "nys", "peer"], help="train only one side"
     )
