@@ -66,8 +66,8 @@ NORMS = ("pre", "post")
 #   every BERT checkpoint's architecture).
 # torch: PyTorch's own default (Kaiming-uniform weights and biases), as the paper's LRA code
 #   (mlpen/Nystromformer LRA/code), whose Linear layers are never re-initialised. With a
-#   width of 64 that is ~3x larger weights than N(0, 0.02); 200 Image steps reached 67.8%
-#   dev accuracy instead of 58.7% (docs/results/training-profile.md).
+#   width of 64 that is ~3x larger weights than N(0, 0.02); after 200 Image steps it gave
+#   64.7% dev accuracy instead of 56.4% (Nyström, 3 seeds; docs/results/training-profile.md).
 INITS = ("normal", "torch")
 # Hugging Face's hidden_act names: "gelu" is the exact (erf) GELU, the others its tanh form.
 ACTIVATIONS = {
