@@ -271,6 +271,15 @@ def main() -> None:
         parser.error(f"--peer {opts.peer}: no model_wrapper.py there (give the clone's LRA/code)")
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    for flag, value, low in (
+        ("--train-steps", opts.train_steps, 0),
+        ("--eval-examples", opts.eval_examples, 1),
+        ("--seed", opts.seed, 0),
+        ("--rounds", opts.rounds, 1),
+        ("--threads", 1 if opts.threads is None else opts.threads, 1),
+    ):
+        if value < low:
+            parser.error(f"{flag} {value}: give a whole number >= {low}")
     if opts.train_steps and opts.task == "text":
         parser.error("--train-steps trains on ListOps or Image; Text is timed only")
     if opts.sides != "both" and not opts.skip_speed:
