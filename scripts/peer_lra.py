@@ -269,8 +269,6 @@ def main() -> None:
     opts = parser.parse_args()
     if not (opts.peer / "model_wrapper.py").is_file():
         parser.error(f"--peer {opts.peer}: no model_wrapper.py there (give the clone's LRA/code)")
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     for flag, value, low in (
         ("--train-steps", opts.train_steps, 0),
         ("--eval-examples", opts.eval_examples, 1),
@@ -280,6 +278,8 @@ def main() -> None:
     ):
         if value < low:
             parser.error(f"{flag} {value}: give a whole number >= {low}")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     if opts.train_steps and opts.task == "text":
         parser.error("--train-steps trains on ListOps or Image; Text is timed only")
     if opts.sides != "both" and not opts.skip_speed:
