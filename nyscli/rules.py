@@ -194,3 +194,7 @@ class Fixed(Rule):
 
     def allowed(self) -> str:
         return show(self.value) + (f" ({self.why})" if self.why else "")
+
+
+# A probability that may be 0 but not 1 (dropout: 1 would drop everything; Adam's betas).
+PROBABILITY = Float(low=0.0, high=1.0, high_open=True)

@@ -65,10 +65,14 @@ def peer_model(peer: Path, task: str, attention: str) -> tuple[nn.Module, dict]:
     return wrapper.ModelForSC(config), config
 
 
-def nys_model(config: dict, attention: str, init: str = "torch") -> nn.Module:
+def nys_model(
+    config: dict, attention: str, init: str = "torch", attention_dropout: bool = True
+) -> nn.Module:
     """nys's classifier with the peer config's sizes; ``init`` torch starts its Linear layers
-    as the peer's (PyTorch's default, never re-initialised), normal as BERT (N(0, 0.02))."""
-    spec = {"name": "softmax"}
+    as the peer's (PyTorch's default, never re-initialised), normal as BERT (N(0, 0.02));
+    softmax drops the config's ``attention_dropout`` of its probabilities, as the peer's does,
+    unless ``attention_dropout`` is False (the peer's Nyström has no attention dropout)."""
+    spec = {"name": "softmax", "dropout": config["attention_dropout"] if attention_dropout else 0}
     if attention == "nystrom":
         spec = {
             "name": "nystrom",
@@ -128,7 +132,7 @@ class Side:
 def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
     torch.manual_seed(opts.seed)  # both models' initial weights
     peer, config = peer_model(opts.peer, opts.task, opts.attention)
-    ours = nys_model(config, opts.attention, opts.nys_init)
+    ours = nys_model(config, opts.attention, opts.nys_init, not opts.nys_no_attention_dropout)
     peer_opt = torch.optim.AdamW(peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6)
     ours_opt = build_optimizer(ours, lr, eps=1e-6)
     sides = {
@@ -262,6 +266,11 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument(
         "--nys-init", default="torch", choices=["torch", "normal"], help="nys's model.init"
+    )
+    parser.add_argument(
+        "--nys-no-attention-dropout",
+        action="store_true",
+        help="nys's softmax without the config's attention dropout (as before 2026-11-26)",
     )
     parser.add_argument(
         "--sides", default="both", choices=["both", "nys", "peer"], help="train only one side"

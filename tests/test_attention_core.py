@@ -52,6 +52,95 @@ def test_causal_exact_cores(name):
     torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, rtol=0, atol=1e-12)
 
 
+def dropped_reference(q, k, v, allowed, p, seed, rows):
+    """(softmax(q k^T / sqrt(d)) * M / (1 - p)) v written out, M joined from the masks that
+    nyscli.attention.dropout draws for each block of ``rows`` query rows from (seed, start)."""
+    from nyscli.attention.dropout import LEVELS, drop_threshold, seeded_keep_mask
+
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+    probs = torch.softmax(scores, dim=-1)
+    n = q.shape[2]
+    shape = (*q.shape[:2], None, k.shape[2])
+    mask = torch.cat(
+        [
+            seeded_keep_mask((*shape[:2], min(rows, n - i), shape[3]), p, (seed, i))
+            for i in range(0, n, rows)
+        ],
+        dim=2,
+    ).double()
+    return (probs * mask * LEVELS / (LEVELS - drop_threshold(p))) @ v, mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rows", [5, 23])
+def test_softmax_attention_dropout_is_the_probabilities_times_the_mask(causal, rows, monkeypatch):
+    """Training with dropout p: (softmax(q k^T / sqrt(d)) * M / (1 - p)) v, computed a block of
+    query rows at a time (5: five blocks, 23: one); masked keys keep zero weight; eval mode is
+    exact attention whatever p is."""
+    from nyscli.attention import softmax
+    from nyscli.attention.dropout import draw_seed
+
+    monkeypatch.setattr(softmax, "DEFAULT_BUDGET", 2 * 3 * 23 * rows)
+    p = 0.3
+    q, k, v = smooth_qkv(2, 3, 23, 8, seed=4)
+    keep = torch.ones(2, 23, dtype=torch.bool)
+    keep[1, 17:] = False
+    core = build_attention({"name": "softmax", "dropout": p, "causal": causal}).train()
+    torch.manual_seed(7)
+    out = core(q, k, v, keep)
+    torch.manual_seed(7)
+    seed = draw_seed()
+    allowed = keep[:, None, None, :].expand(2, 1, 23, 23)
+    if causal:
+        allowed = allowed & torch.ones(23, 23, dtype=torch.bool).tril()
+    expected, mask = dropped_reference(q, k, v, allowed, p, seed, rows)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    assert 0.25 < 1 - mask.mean() < 0.35  # the mask drops about p of the entries
+    core.eval()
+    reference = build_attention({"name": "softmax", "causal": causal})(q, k, v, keep)
+    torch.testing.assert_close(core(q, k, v, keep), reference, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_softmax_attention_dropout_gradients(padded, monkeypatch):
+    """The blockwise backward (probabilities recomputed from the saved log-sum-exp, each block's
+    mask drawn again from its seed) against finite differences, over three blocks of rows;
+    and equal to autograd through the written-out formula."""
+    from nyscli.attention import softmax
+
+    monkeypatch.setattr(softmax, "DEFAULT_BUDGET", 2 * 2 * 11 * 4)
+    q, k, v = (t.clone().requires_grad_() for t in smooth_qkv(2, 2, 11, 3, seed=8))
+    keep = None
+    allowed = torch.ones(2, 1, 11, 11, dtype=torch.bool)
+    if padded:
+        pad = torch.ones(2, 11, dtype=torch.bool)
+        pad[0, 8:] = False
+        keep = pad[:, None, None, :]
+        allowed = keep.expand(2, 1, 11, 11)
+
+    def run(q, k, v):
+        return softmax._DroppedSoftmax.apply(q, k, v, keep, 0.4, 1234)
+
+    assert torch.autograd.gradcheck(run, (q, k, v))
+    grads = torch.autograd.grad(run(q, k, v).square().sum(), (q, k, v))
+    expected, _ = dropped_reference(q, k, v, allowed, 0.4, 1234, 4)
+    wanted = torch.autograd.grad(expected.square().sum(), (q, k, v))
+    for got, want in zip(grads, wanted, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_softmax_attention_dropout_averages_to_exact_attention():
+    """Inverted dropout keeps the expectation: the mean of 2,000 training outputs is exact
+    attention within the Monte-Carlo error (~1/sqrt(2000) of the spread)."""
+    q, k, v = smooth_qkv(1, 2, 16, 4, seed=5)
+    core = build_attention({"name": "softmax", "dropout": 0.5}).train()
+    torch.manual_seed(0)
+    mean = torch.stack([core(q, k, v) for _ in range(2000)]).mean(0)
+    exact = reference_attention(q, k, v)
+    assert (mean - exact).abs().max() < 0.05 * v.abs().max()
+    assert (core(q, k, v) - exact).abs().max() > 0.05 * v.abs().max()  # one draw is not exact
+
+
 @pytest.mark.parametrize("n", [64, 50])
 def test_lemma2_unit_segments_exact_pinv_reproduce_softmax(n):
     """m = n: every token is its own landmark and F A^+ B = S exactly (the paper's Lemma 2)."""
@@ -402,6 +491,9 @@ def test_conv_skip_forward_and_backward_equal_the_per_head_conv(kernel):
         ({"name": "nystrom", "pinv_init": "x"}, "pinv_init=x"),
         ({"name": "nope"}, "unknown attention 'nope'"),
         ({"name": "softmax", "landmarks": 3}, "has no option landmarks"),
+        ({"name": "softmax", "dropout": 1.0}, "dropout=1"),
+        ({"name": "softmax", "dropout": -0.1}, "dropout=-0.1"),
+        ({"name": "softmax", "dropout": float("nan")}, "dropout=nan"),
     ],
 )
 def test_bad_configs_raise_one_line_errors(config, fragment):

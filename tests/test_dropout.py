@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nyscli.models.dropout import LEVELS, Dropout, drop_threshold, dropout
+from nyscli.attention.dropout import LEVELS, Dropout, drop_threshold, dropout
 
 
 def test_drops_at_the_rounded_rate_and_scales_the_rest_exactly() -> None:

@@ -169,6 +169,20 @@ def test_a_setting_added_since_a_run_reads_at_the_value_that_run_had():
     torch_run = OmegaConf.create({"model": {"dim": 64, "init": "torch"}})
     assert upgrade_recorded(torch_run, "lra").model.init == "torch"
     assert "init" not in upgrade_recorded(old, "pretrain").model
+    assert upgrade_recorded(old, "lra").model.softmax_attention_dropout == 0.0
+
+
+def test_a_softmax_run_recorded_before_attention_dropout_reads_without_it():
+    """softmax's dropout option is new (default 0, what earlier runs did): a record without it
+    reads as 0 in every command; one that has it keeps its value; other cores get no key."""
+    from nyscli.experiments.renamed import upgrade_recorded
+
+    old = OmegaConf.create({"attention": {"name": "softmax", "causal": False}})
+    assert upgrade_recorded(old, "finetune").attention.dropout == 0.0
+    kept = OmegaConf.create({"attention": {"name": "softmax", "dropout": 0.1}})
+    assert upgrade_recorded(kept, "lra").attention.dropout == 0.1
+    nystrom = OmegaConf.create({"attention": {"name": "nystrom"}})
+    assert "dropout" not in upgrade_recorded(nystrom, "lra").attention
 
 
 def test_a_run_recorded_before_the_renames_reads_in_todays_names():
@@ -192,7 +206,8 @@ def test_a_run_recorded_before_the_renames_reads_in_todays_names():
         "task": {"name": "listops", "max_len": 40},
         "trainer": {"max_steps": 4, "batch_size": 32, "eval_every": 2},
         "data": {"path": None, "generate": {"n_train": 48}},
-        "model": {"init": "normal"},  # ADDED_SETTINGS: what runs before the option ran
+        # ADDED_SETTINGS: what runs before the options ran
+        "model": {"init": "normal", "softmax_attention_dropout": 0.0},
     }
     old_finetune = OmegaConf.create({"task": {"name": "sst2", "lr": 3e-5}, "data": {"dir": "x"},
                                      "trainer": {"lr": "${oc.select:task.lr,1e-4}"}})  # fmt: skip

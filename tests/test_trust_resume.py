@@ -124,6 +124,30 @@ def test_a_run_recorded_before_model_init_resumes_with_the_init_it_ran(
     assert pd.read_csv(resumed / "results.csv").iloc[0].status == "ok"
 
 
+def test_a_softmax_run_recorded_before_attention_dropout_resumes_without_it(run_nys, tmp_path):
+    """lra's softmax now drops 10% of its attention probabilities (the paper's LRA code); a
+    softmax run recorded before the option ran without and resumes so, and says so."""
+    args = [a for a in TINY if not a.startswith("attention.")]
+    args += ["attention=softmax", f"data_cache={tmp_path / 'cache'}"]
+    first = run_nys("lra", *args, "trainer.stop_at_step=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    saved = run / ".hydra" / "config.yaml"
+    recorded = OmegaConf.load(saved)
+    assert recorded.model.softmax_attention_dropout == 0.1 and "dropout" in recorded.attention
+    del recorded.model["softmax_attention_dropout"]
+    del recorded.attention["dropout"]
+    OmegaConf.save(recorded, saved)
+    done = run_nys("lra", *args, f"resume={run}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = " ".join(done.stdout.split())
+    assert "model.softmax_attention_dropout=0.0 (default now 0.1)" in line
+    [resumed] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+    config = OmegaConf.load(resumed / ".hydra" / "config.yaml")
+    assert config.model.softmax_attention_dropout == 0.0 and config.attention.dropout == 0.0
+    assert pd.read_csv(resumed / "results.csv").iloc[0].status == "ok"
+
+
 def test_a_corrupt_recorded_config_is_one_line_naming_it(run_nys, tmp_path, stopped_run):
     args, run = stopped_run
     (run / ".hydra" / "config.yaml").write_text("trainer: [unclosed\n")

@@ -35,10 +35,15 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 # Attention options added after runs were recorded without them, at the value that behaves
 # as those runs did (a new option's default is always that value).
-ADDED_OPTIONS: dict[str, dict[str, object]] = {"nystrom": {"recompute": False}}
+ADDED_OPTIONS: dict[str, dict[str, object]] = {
+    "nystrom": {"recompute": False},
+    "softmax": {"dropout": 0.0},
+}
 # Other settings added since, per command, at the value the runs recorded without them ran
 # with. Unlike an attention option, such a default may differ: lra's model.init is torch.
-ADDED_SETTINGS: dict[str, dict[str, object]] = {"lra": {"model.init": "normal"}}
+ADDED_SETTINGS: dict[str, dict[str, object]] = {
+    "lra": {"model.init": "normal", "model.softmax_attention_dropout": 0.0}
+}
 _ABSENT = object()
 
 

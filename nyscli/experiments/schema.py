@@ -18,7 +18,17 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nyscli.attention import check_config
-from nyscli.rules import Bool, Choice, ChoiceList, Float, Int, IntList, Rule, Text  # noqa: F401
+from nyscli.rules import (  # noqa: F401
+    PROBABILITY,
+    Bool,
+    Choice,
+    ChoiceList,
+    Float,
+    Int,
+    IntList,
+    Rule,
+    Text,
+)
 from nyscli.train.config import BATCH, TRAINER  # noqa: F401  (BATCH: one source)
 
 _ABSENT = object()
@@ -60,7 +70,6 @@ SEED = Int(low=0)
 # Threads beyond a few per core only slow torch down; the floor of 64 leaves room for a job
 # checked on a small login node and run on a big cluster node.
 THREADS = Int(low=1, high=max(64, 4 * (os.cpu_count() or 1)), null=True)
-PROBABILITY = Float(low=0.0, high=1.0, high_open=True)  # dropout-like: 1 would drop everything
 DEVICE = Text()  # auto | cpu | cuda[:i], checked against the machine by each command
 COUNT = Int(low=1)
 OPTIONAL_COUNT = Int(low=1, null=True)
@@ -80,6 +89,7 @@ MODEL: dict[str, Rule] = {
     "dropout": PROBABILITY,
     "max_len": TOKENS,
     "nystrom_conv_kernel_size": Int(low=0),
+    "softmax_attention_dropout": PROBABILITY,
 }
 
 # What lra, pretrain and finetune share at the top level.

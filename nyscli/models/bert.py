@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nyscli.models.dropout import Dropout
+from nyscli.attention.dropout import Dropout
 from nyscli.models.encoder import Encoder, EncoderConfig
 
 # The paper's BERT-small: the sizes ``BertConfig.create`` takes where none are given.

@@ -16,8 +16,8 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
+from nyscli.attention.dropout import Dropout
 from nyscli.models.bert import BertEncoder
-from nyscli.models.dropout import Dropout
 
 
 def tiled_rows(table: Tensor, rows: int) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from nyscli.attention import MultiHeadAttention
-from nyscli.models.dropout import Dropout
+from nyscli.attention.dropout import Dropout
 
 
 @dataclass(frozen=True)

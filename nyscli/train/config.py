@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from nyscli.errors import UserInputError
-from nyscli.rules import Bool, Choice, Float, Int, Rule, Text
+from nyscli.rules import PROBABILITY, Bool, Choice, Float, Int, Rule, Text
 from nyscli.train.schedule import DECAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MONITOR_MODES = ("max", "min")
 _COUNT = Int(low=1)
 _OPTIONAL_COUNT = Int(low=1, null=True)
-_PROBABILITY = Float(low=0.0, high=1.0, high_open=True)
 # Examples in one batch: more is no batch any machine nys runs on holds in memory.
 BATCH = Int(low=1, high=2**16)
 MAX_MINUTES = 60.0 * 24 * 366  # a year: a time limit beyond it is a typo
@@ -31,8 +30,8 @@ TRAINER: dict[str, Rule] = {
     "accumulate": _COUNT,
     "lr": Float(low=0.0, low_open=True),
     "weight_decay": Float(low=0.0),
-    "beta1": _PROBABILITY,
-    "beta2": _PROBABILITY,
+    "beta1": PROBABILITY,
+    "beta2": PROBABILITY,
     "eps": Float(low=0.0, low_open=True),
     "warmup_steps": Int(low=0),
     "decay": Choice(DECAYS),
