@@ -129,9 +129,10 @@ class SoftmaxAttention(Core):
     ``dropout`` p drops each attention probability with probability p in training and scales
     the rest by 1 / (1 - p) (``softmax(q k^T / sqrt(d)) * M / (1 - p) @ v``), as BERT's
     attention_probs_dropout_prob and the paper's LRA code (attention_dropout 0.1) do. Training
-    with p > 0 runs :class:`_DroppedSoftmax` (blocks of query rows, O(n) memory besides one
-    block) instead of SDPA, whose own dropout draws torch's slow one-thread CPU masks and, on
-    the CPU, writes the whole n x n matrix out. In eval mode p has no effect.
+    with p > 0 on the CPU runs :class:`_DroppedSoftmax` (blocks of query rows, O(n) memory
+    besides one block) instead of SDPA, whose CPU dropout draws torch's slow one-thread masks
+    and writes the whole n x n matrix out; on a GPU, SDPA's fused kernels drop themselves.
+    In eval mode p has no effect.
     """
 
     options: ClassVar[dict[str, Rule]] = {
@@ -160,13 +161,16 @@ class SoftmaxAttention(Core):
             empty = ~key_padding_mask.any(dim=1)
             if empty.any():
                 keep = keep | empty[:, None, None, None]
-        if self.training and self.dropout > 0:
+        dropout = self.dropout if self.training else 0.0
+        if dropout and q.device.type == "cpu":
             if keep is None and self.causal:
                 keep = keep_mask(None, q.shape[2], True, q.device)
-            return _DroppedSoftmax.apply(q, k, v, keep, self.dropout, draw_seed())
-        if keep is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            return _DroppedSoftmax.apply(q, k, v, keep, dropout, draw_seed())
+        # Elsewhere SDPA's fused kernels drop inside themselves (their own RNG, the same law).
+        causal = self.causal and keep is None  # a mask already holds the causal part
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, dropout_p=dropout, is_causal=causal
+        )
 
 
 @register("softmax_naive")
