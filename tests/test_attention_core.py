@@ -129,6 +129,20 @@ def test_softmax_attention_dropout_gradients(padded, monkeypatch):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_softmax_attention_dropout_in_bfloat16_is_the_fp32_result_rounded():
+    """bf16 inputs run the blockwise kernel in fp32 (as SDPA's CPU kernels accumulate): the
+    same masks, the output within bf16's rounding of the fp32 one."""
+    q, k, v = (t.float() for t in smooth_qkv(2, 2, 40, 8, seed=6))
+    core = build_attention({"name": "softmax", "dropout": 0.2}).train()
+    torch.manual_seed(3)
+    wide = core(q, k, v)
+    torch.manual_seed(3)
+    low = core(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), wide, rtol=0.02, atol=0.02)
+    assert (low.float() - wide).abs().max() > 0  # it did round
+
+
 def test_softmax_attention_dropout_averages_to_exact_attention():
     """Inverted dropout keeps the expectation: the mean of 2,000 training outputs is exact
     attention within the Monte-Carlo error (~1/sqrt(2000) of the spread)."""

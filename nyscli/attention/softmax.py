@@ -165,7 +165,12 @@ class SoftmaxAttention(Core):
         if dropout and q.device.type == "cpu":
             if keep is None and self.causal:
                 keep = keep_mask(None, q.shape[2], True, q.device)
-            return _DroppedSoftmax.apply(q, k, v, keep, dropout, draw_seed())
+            # Half precisions run it in fp32, as SDPA's CPU kernels accumulate.
+            wide = torch.promote_types(q.dtype, torch.float32)
+            out = _DroppedSoftmax.apply(
+                q.to(wide), k.to(wide), v.to(wide), keep, dropout, draw_seed()
+            )
+            return out.to(q.dtype)
         # Elsewhere SDPA's fused kernels drop inside themselves (their own RNG, the same law).
         causal = self.causal and keep is None  # a mask already holds the causal part
         return F.scaled_dot_product_attention(
