@@ -62,7 +62,9 @@ def peer_model(peer: Path, task: str, attention: str) -> tuple[nn.Module, dict]:
     config["attn_type"] = ATTENTIONS[attention]
     config["max_seq_len"] = int(2 ** math.ceil(math.log2(config["max_seq_len"])))
     config["seq_len"] = config["max_seq_len"]
-    return wrapper.ModelForSC(config), config
+    model = wrapper.ModelForSC(config)
+    config["weight_decay"] = task_config["training"]["weight_decay"]  # its run_tasks.py's AdamW
+    return model, config
 
 
 def nys_model(
@@ -133,8 +135,11 @@ def build(opts: argparse.Namespace, lr: float) -> tuple[dict[str, Side], dict]:
     torch.manual_seed(opts.seed)  # both models' initial weights
     peer, config = peer_model(opts.peer, opts.task, opts.attention)
     ours = nys_model(config, opts.attention, opts.nys_init, not opts.nys_no_attention_dropout)
-    peer_opt = torch.optim.AdamW(peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    ours_opt = build_optimizer(ours, lr, eps=1e-6)
+    decay = config["weight_decay"]  # 0 in every LRA task (AdamW's own default is 0.01)
+    peer_opt = torch.optim.AdamW(
+        peer.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=decay
+    )
+    ours_opt = build_optimizer(ours, lr, weight_decay=decay, eps=1e-6)
     sides = {
         PEER: Side(peer, peer_opt, peer_step(peer, peer_opt)),
         "nys": Side(ours, ours_opt, nys_step(ours, ours_opt)),
