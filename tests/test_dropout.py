@@ -89,16 +89,3 @@ def test_neighbouring_decisions_are_independent() -> None:
         n = dropped.numel() - lag
         sd = math.sqrt(dropped_p**2 * (1 - dropped_p**2) / n)
         assert abs(both - dropped_p**2) < 5 * sd, (lag, both)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_one_multiply_by_numpys_factors_equals_mask_then_scale(dtype) -> None:
-    """The float path multiplies once by {0, scale} made in NumPy; it must give the bits of
-    x * keep, then * scale, forward and backward (bfloat16 takes the plain path)."""
-    from nyscli.attention.dropout import _times_mask, cpu_keep_mask
-
-    torch.manual_seed(3)
-    x = torch.randn(8, 301, 17).to(dtype)
-    keep = cpu_keep_mask(x.shape, 0.1)
-    scale = LEVELS / (LEVELS - drop_threshold(0.1))
-    assert torch.equal(_times_mask(x, keep, scale), x.mul(keep).mul_(scale))

@@ -68,21 +68,6 @@ def cpu_keep_mask(shape: torch.Size, p: float) -> Tensor:
     return seeded_keep_mask(tuple(shape), p, draw_seed())
 
 
-NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
-
-
-def _times_mask(x: Tensor, keep: Tensor, scale: float) -> Tensor:
-    """x * keep * scale. For float32/64 the factors {0, scale} are made by NumPy in x's dtype
-    and x is multiplied once: torch's float-by-uint8 ``mul`` converts the mask on one thread
-    and then needs a second pass for the scale, ~3x slower at ListOps' (32, 2001, 128). The
-    same numbers either way (x * 1 * s == x * s)."""
-    dtype = NUMPY_FLOATS.get(x.dtype)
-    if dtype is None:
-        return x.mul(keep).mul_(scale)
-    factors = np.multiply(keep.numpy(), dtype(scale), dtype=dtype)
-    return x.mul(torch.from_numpy(factors))
-
-
 class _MaskAndScale(torch.autograd.Function):
     """x * keep * scale, saving only the 0/1 uint8 mask (1 byte an element) for backward."""
 
@@ -90,12 +75,12 @@ class _MaskAndScale(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, keep: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return _times_mask(x, keep, scale)
+        return x.mul(keep).mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (keep,) = ctx.saved_tensors
-        return _times_mask(grad, keep, ctx.scale), None, None
+        return grad.mul(keep).mul_(ctx.scale), None, None
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
