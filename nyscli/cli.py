@@ -18,7 +18,7 @@ from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.overrides import override_key
 from nyscli.paths import CONF_DIR
-from nyscli.stops import sigterm_raises, stop_code, stopped
+from nyscli.stops import sigterm_raises, stop_code, stopped, unreported
 
 # Only typer, rich and the config folder at import time: torch, Hydra and the experiments load
 # when a command runs, so ``nys --help`` and tab completion answer in well under a second.
@@ -355,6 +355,10 @@ def _main(args: list[str] | None = None) -> int:
     """Run ``nys`` with ``args`` (default: the command line) and return its exit code."""
     try:
         code = app(args=args, standalone_mode=False)
+        stop = unreported()
+        if stop is not None:  # Typer made a SIGTERM during parsing a silent Exit(130)
+            console.print(f"[red]error:[/] {stopped(stop)}", highlight=False)
+            code = stop_code(stop)
     except click_errors.NoArgsIsHelpError as error:
         error.show()
         code = 0

@@ -18,6 +18,24 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
 
 
+# The Terminated that sigterm_raises' handler raised and no one has reported yet (stopped()
+# reports it). Typer turns a KeyboardInterrupt raised while it parses the command line into
+# a silent Exit(130), so the CLI asks here whether a termination went unreported.
+_unreported: list[Terminated] = []
+
+
+def unreported() -> Terminated | None:
+    """The termination raised by SIGTERM that no line has reported, if any: Typer swallowed
+    it, or it was raised inside a weakref callback or ``__del__``, where Python prints
+    "Exception ignored" and goes on."""
+    return _unreported[-1] if _unreported else None
+
+
+def reported(stop: KeyboardInterrupt) -> None:
+    """``stop`` has been reported (its one line printed or raised as the run's error)."""
+    _unreported.clear()
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block SIGTERM raises :class:`Terminated` (main thread only)."""
@@ -26,7 +44,9 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
+        stop = Terminated()
+        _unreported[:] = [stop]
+        raise stop
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -36,7 +56,9 @@ def sigterm_raises() -> Iterator[None]:
 
 
 def stopped(stop: KeyboardInterrupt) -> str:
-    """``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``."""
+    """``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``: the stop's one line, which
+    reports it."""
+    reported(stop)
     return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
 
 

@@ -207,3 +207,45 @@ def test_sigterm_while_torch_is_still_loading_is_one_line(tmp_path):
     assert run.returncode == 143, out
     assert out.strip().splitlines()[-1].startswith("error: terminated (SIGTERM)"), out
     assert "Traceback" not in out and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the point
+def test_a_sigterm_swallowed_by_a_callback_is_kept_until_reported():
+    """A SIGTERM that lands inside a weakref callback raises Terminated there, and Python only
+    prints "Exception ignored": the termination is kept (unreported) for the next check, and
+    the line that reports it clears it."""
+    import gc
+    import weakref
+
+    from nyscli.stops import Terminated, sigterm_raises, stopped, unreported
+
+    class Thing:
+        pass
+
+    def signal_inside(_ref):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the handler runs here, inside the callback
+
+    thing = Thing()
+    with sigterm_raises():
+        ref = weakref.ref(thing, signal_inside)
+        del thing
+        gc.collect()
+    assert ref() is None
+    lost = unreported()
+    assert isinstance(lost, Terminated)
+    assert stopped(lost) == "terminated (SIGTERM)" and unreported() is None
+
+
+def test_training_raises_a_swallowed_sigterm_at_its_next_step(tmp_path):
+    """The trainer checks for a lost termination before each update: the run stops with its
+    one interruption line (exit 143) instead of training on."""
+    from nyscli.stops import Terminated, _unreported, unreported
+    from nyscli.train.errors import TrainingInterrupted
+
+    trainer, train, dev = make_trainer(tmp_path, eval_every=2)
+    _unreported[:] = [Terminated()]
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit(train, dev)
+    assert info.value.code == 143 and "interrupted at step 0" in info.value.message
+    assert unreported() is None

@@ -28,7 +28,7 @@ from torch import nn
 
 from nyscli.errors import UserInputError
 from nyscli.output.curves import is_rate
-from nyscli.stops import Terminated, sigterm_raises
+from nyscli.stops import Terminated, reported, sigterm_raises, unreported
 from nyscli.train import distributed
 from nyscli.train.batches import ShuffledBatches
 from nyscli.train.checkpoint import (
@@ -210,6 +210,9 @@ class Trainer:
             self._live = progress
             bar = progress.add_task("train", total=cfg.max_steps, completed=self.step, status="")
             while self.step < stop and not out_of_time:
+                lost = unreported()  # a SIGTERM whose exception a callback swallowed
+                if lost is not None:
+                    raise lost
                 lr = self._update(batches)
                 if self.step % cfg.log_every == 0:
                     self._log_train(lr)
@@ -247,6 +250,7 @@ class Trainer:
     def _interrupted(self, interrupt: KeyboardInterrupt) -> TrainingInterrupted:
         """The one line for Ctrl-C/SIGTERM: where training stood and how to continue."""
         signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+        reported(interrupt)  # the TrainingInterrupted below is its line
         if self.last_good is None:
             kept = "no checkpoint was written yet"
         else:
