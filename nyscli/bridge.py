@@ -480,7 +480,8 @@ class Task:
         module = experiment_module(command)
         main = ranks.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
         if main:
-            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"))
+            allocator = getattr(module, "ALLOCATOR", None)
+            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"), allocator)
             try:
                 write_json(env, run_dir / ENV_FILE)
             except OSError as error:

@@ -14,6 +14,7 @@ try:  # Typer >= 0.26 vendors click; older ones use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
+from nyscli.allocator import reexec_with_tcmalloc
 from nyscli.console import console
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.overrides import override_key
@@ -345,7 +346,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def main() -> None:
     """The ``nys`` entry point. Typer's usage errors (an unknown option, ``--steps abc``) are
     one line and exit code 2 here, instead of Typer's multi-line panel. Ctrl-C or SIGTERM at
-    any moment, also while torch is still being imported, is one line too (exit 130 / 143)."""
+    any moment, also while torch is still being imported, is one line too (exit 130 / 143).
+
+    First of all it re-executes itself on tcmalloc where that is installed (``nyscli.allocator``:
+    before torch allocates, and before the signal handlers, which an exec would drop)."""
+    try:
+        reexec_with_tcmalloc()
+    except UserInputError as error:
+        console.print(f"[red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     with sigterm_raises():
         code = _main()
     sys.exit(code or 0)

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "nyscli.console",
         "nyscli.paths",
         "nyscli.overrides",
+        "nyscli.allocator",
         "nyscli.conf",
     ),
     ("nyscli.attention",),

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from nyscli.allocator import active
+
 
 def cpu_model() -> str:
     try:
@@ -45,11 +47,15 @@ def git_commit() -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
-def collect_env(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
+def collect_env(
+    device: str = "cpu", threads: int | None = None, allocator: str | None = None
+) -> dict[str, Any]:
     """torch version, device, CPU/GPU model, threads, git commit, Python and platform.
 
     ``device="auto"`` is recorded as the device it resolves to; ``threads`` (a run's
-    ``threads`` setting) is recorded instead of this process's torch default when given.
+    ``threads`` setting) is recorded instead of this process's torch default when given;
+    ``allocator`` likewise instead of this process's (a command that measures in worker
+    processes of its own).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,6 +69,8 @@ def collect_env(device: str = "cpu", threads: int | None = None) -> dict[str, An
         "torch_threads": int(threads) if threads else torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
         "git_commit": git_commit(),
+        # tcmalloc or glibc's malloc moves CPU training speed and peak memory (allocator.py).
+        "allocator": allocator or active(),
     }
     if torch.cuda.is_available():
         info["gpu_model"] = torch.cuda.get_device_name(0)

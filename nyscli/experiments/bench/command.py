@@ -35,6 +35,10 @@ from nyscli.train.resources import DEVICES, resolve_device
 
 log = logging.getLogger(__name__)
 
+# What env.json records: the points are measured in workers on glibc's malloc (rounds.py),
+# whatever allocator this process runs on.
+ALLOCATOR = "system"
+
 SCOPES = ("module", "core", "projections")
 MODES = ("forward", "train")
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nyscli.allocator import system_environ
 from nyscli.experiments.bench.worker import READY_PREFIX, RESULT_PREFIX, TIME_PREFIX, summarize
 
 WORKER = [sys.executable, "-m", "nyscli.experiments.bench.worker"]
@@ -45,6 +46,8 @@ class PointWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
+            # Its memory rule (memory.py) is defined on glibc's malloc, not on tcmalloc.
+            env=system_environ(os.environ),
         )
         self.buffer = b""
 
