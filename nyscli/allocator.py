@@ -37,6 +37,8 @@ CHOICES = ("auto", "tcmalloc", "system")
 PRELOADED_ENV = "NYS_PRELOADED_ALLOCATOR"
 # The minimal build first (no heap profiler; Debian/Ubuntu: libtcmalloc-minimal4).
 LIBRARIES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+# Allocators a user may preload themselves (then nys leaves LD_PRELOAD as it is).
+MALLOC_LIBRARIES = ("libtcmalloc", "libjemalloc", "libmimalloc")
 # Set by the shell's tab completion (Typer): it allocates nothing worth a second start.
 COMPLETION_ENV = "_NYS_COMPLETE"
 # tcmalloc reports every allocation above 1 GiB on stderr; runs make such tensors on purpose.
@@ -75,8 +77,8 @@ def choice(environ: Mapping[str, str]) -> str:
 def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str, str] | None:
     """The environment to re-execute with so ``library`` (tcmalloc's path, None = not found)
     is preloaded, or None when this process should go on as it is: not Linux, allocator
-    ``system``, tcmalloc already preloaded by nys, tab completion, or (``auto``) none
-    installed."""
+    ``system``, tcmalloc already preloaded by nys, tab completion, an allocator the user
+    preloads, or (``auto``) none installed."""
     wanted = choice(environ)
     linux = sys.platform.startswith("linux")
     if wanted == "tcmalloc" and not linux:
@@ -87,6 +89,15 @@ def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str
     done = PRELOADED_ENV in environ or COMPLETION_ENV in environ
     if wanted == "system" or done or not linux:
         return None
+    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+    theirs = [p for p in preload if Path(p).name.startswith(MALLOC_LIBRARIES)]
+    if theirs:  # the user preloads an allocator of their own: two would fight over malloc
+        if wanted == "tcmalloc" and not Path(theirs[0]).name.startswith("libtcmalloc"):
+            raise UserInputError(
+                f"{ALLOCATOR_ENV}=tcmalloc but LD_PRELOAD already names {theirs[0]}; "
+                f"unset one of them"
+            )
+        return None
     if library is None:
         if wanted == "tcmalloc":
             raise UserInputError(
@@ -95,7 +106,6 @@ def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str
                 f"{ALLOCATOR_ENV}=auto"
             )
         return None
-    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
     new = dict(environ)
     new["LD_PRELOAD"] = ":".join([library, *preload])
     new[PRELOADED_ENV] = library
@@ -132,15 +142,17 @@ def system_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return new
 
 
-def active() -> str:
-    """The allocator this process runs on: the tcmalloc library's path if one is mapped, else
-    "system" (read from /proc/self/maps; "system" where that does not exist)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return "system"
+def active(maps: str | None = None) -> str:
+    """The allocator this process runs on: the path of the tcmalloc (or a user's jemalloc or
+    mimalloc) mapped into it, else "system" (read from /proc/self/maps; "system" where that
+    does not exist). ``maps``: that file's text (default: read it)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return "system"
     for line in maps.splitlines():
         path = line.split(maxsplit=5)[5:]
-        if path and Path(path[0]).name.startswith("libtcmalloc"):
+        if path and Path(path[0]).name.startswith(MALLOC_LIBRARIES):
             return path[0]
     return "system"

@@ -15,6 +15,7 @@ from nyscli.allocator import (
     NO_REPORT,
     PRELOADED_ENV,
     REPORT_ENV,
+    active,
     find_tcmalloc,
     preload_environ,
     system_environ,
@@ -43,6 +44,8 @@ def test_auto_preloads_the_library_found_ahead_of_the_users_own():
         ({ALLOCATOR_ENV: "system"}, LIB),
         ({PRELOADED_ENV: LIB, "LD_PRELOAD": LIB}, LIB),  # the re-executed process itself
         ({"_NYS_COMPLETE": "complete_bash"}, LIB),  # tab completion
+        ({"LD_PRELOAD": "/u/libjemalloc.so.2"}, LIB),  # the user's own allocator
+        ({"LD_PRELOAD": "/u/a.so:/u/libtcmalloc.so.4", ALLOCATOR_ENV: "tcmalloc"}, LIB),
     ],
 )
 def test_no_reexecution(environ, library):
@@ -53,6 +56,12 @@ def test_no_reexecution(environ, library):
 def test_a_bad_choice_is_one_line_naming_it(value):
     with pytest.raises(UserInputError, match=f"NYS_ALLOCATOR='{value}' is not allowed; choose"):
         preload_environ({ALLOCATOR_ENV: value}, LIB)
+
+
+def test_tcmalloc_asked_for_beside_another_preloaded_allocator_is_refused():
+    environ = {"LD_PRELOAD": "/u/libmimalloc.so.2", ALLOCATOR_ENV: "tcmalloc"}
+    with pytest.raises(UserInputError, match="LD_PRELOAD already names /u/libmimalloc.so.2"):
+        preload_environ(environ, LIB)
 
 
 def test_tcmalloc_asked_for_but_missing_says_how_to_install_it():
@@ -87,6 +96,15 @@ def test_find_prefers_the_minimal_build(tmp_path):
     assert find_tcmalloc([first, second]) == str(second / LIBRARIES[1])
     (second / LIBRARIES[0]).write_bytes(b"")
     assert find_tcmalloc([first, second]) == str(second / LIBRARIES[0])
+
+
+def test_active_names_the_mapped_allocator():
+    line = "7f00-7f10 r-xp 00000000 08:01 123   {}\n"
+    libc = line.format("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    assert active(libc + "7f20-7f30 rw-p 00000000 00:00 0\n") == "system"
+    jemalloc = "/opt/j/lib/libjemalloc.so.2"
+    assert active(libc + line.format(jemalloc)) == jemalloc
+    assert active(line.format(LIB) + libc) == LIB
 
 
 def _allocator(folder: Path) -> str:
