@@ -280,3 +280,34 @@ def test_a_saved_log_scale_figure_frees_what_its_callers_held(tmp_path: Path) ->
     finally:
         gc.enable()
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_overlaid_curves_share_one_legend_and_keep_each_runs_colour(tmp_path, monkeypatch):
+    """Labels wider than a panel (a run's differing overrides) went into a legend inside each
+    panel and squeezed the plots; now one legend under them lists every run and baseline, and
+    a run missing from a panel does not shift the others' colours."""
+    seen = {}
+
+    def capture(fig, path, dpi=120):
+        seen["fig"] = fig
+        return plots.save_figure(fig, path, dpi)
+
+    monkeypatch.setattr(curves, "save_figure", capture)
+    long = "softmax (SDPA)+drop0.1 trainer.planned_steps=1200 trainer.eval_every=100 " * 2
+    dev_only = pd.DataFrame({"step": [10, 20], "split": "dev", "accuracy": [0.5, 0.6]})
+    both = pd.concat(
+        [dev_only, pd.DataFrame({"step": [10, 20], "split": "train", "loss": [0.7, 0.6]})]
+    )
+    panels = [("train", "loss", "train loss"), ("dev", "accuracy", "dev accuracy")]
+    path = curves.overlaid_curves(
+        {"a": dev_only, long: both}, panels, tmp_path / "c.png", "t", {"accuracy": (0.5, "rule")}
+    )
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    fig = seen["fig"]
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [long, "a", "rule"]
+    loss_ax, acc_ax = fig.axes
+    colour = {ln.get_label(): ln.get_color() for ln in acc_ax.get_lines()}
+    assert colour == {"a": "C0", long: "C1", "rule": "grey"}
+    assert [ln.get_color() for ln in loss_ax.get_lines()] == ["C1"]

@@ -77,17 +77,22 @@ def overlaid_curves(
     Returns None when no run has a point in any panel.
     """
     drawn = False
-    fig, axes = pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    fig, axes = pyplot().subplots(
+        1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, layout="constrained"
+    )
+    legend: dict[str, object] = {}  # label -> handle, over all panels (a run has one colour)
     for ax, (split, column, label) in zip(axes[0], panels, strict=True):
-        for name, metrics in curves.items():
+        for index, (name, metrics) in enumerate(curves.items()):
             if column not in metrics:
                 continue
             points = metrics[metrics["split"] == split].dropna(subset=[column])
             if points.empty:
                 continue
             points = points.sort_values("step")
+            # The run's colour by its place, not the panel's cycle: a run missing from one
+            # panel must not shift the others' colours away from the shared legend.
             ax.plot(points["step"], shown(column, points[column]), marker="o", markersize=3,
-                    label=name)  # fmt: skip
+                    label=name, color=f"C{index % 10}")  # fmt: skip
             drawn = True
         if baselines and column in baselines:
             value, name = baselines[column]
@@ -95,11 +100,14 @@ def overlaid_curves(
         ax.set_xlabel("step")
         ax.set_ylabel(axis_label(label, column))
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(name, handle)
     if not drawn:
         pyplot().close(fig)
         return None
+    # One legend under the panels: runs' labels (their differing overrides) are often wider
+    # than a panel, and a legend inside each one squeezed the plots to slivers.
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center", fontsize=8)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path, dpi=110)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from nyscli.experiments.lra.tasks import TASKS
 from nyscli.files import write_csv
-from nyscli.output.plots import pyplot, save_figure
+from nyscli.output.curves import overlaid_curves
 from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.splits import DEV, TRAIN, read_metrics
 
@@ -168,32 +168,14 @@ def write_table3(df: pd.DataFrame, folder: Path) -> list[Path]:
 
 def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
     """Train loss and dev accuracy against step, one line per run; the baseline dashed."""
-    fig, (loss_ax, acc_ax) = pyplot().subplots(1, 2, figsize=(11, 4.2))
-    drawn = 0
+    curves = {}
     for r in runs.itertuples():
         metrics_file = Path(str(r.run_dir)) / METRICS_FILE
-        if not metrics_file.is_file():
-            continue
-        metrics = read_metrics(metrics_file)
-        label = _row_key(pd.Series(r._asdict()))
-        train = metrics[metrics.split == TRAIN].dropna(subset=["loss"])
-        dev = metrics[metrics.split == DEV].dropna(subset=["accuracy"])
-        (line,) = loss_ax.plot(train.step, train.loss, label=label, linewidth=1,
-                               marker="o" if len(train) < 5 else None, markersize=3)  # fmt: skip
-        acc_ax.plot(dev.step, 100 * dev.accuracy, marker="o", markersize=3, label=label,
-                    color=line.get_color())  # fmt: skip
-        drawn += 1
-    if not drawn:
-        pyplot().close(fig)
-        return None
+        if metrics_file.is_file():
+            curves[_row_key(pd.Series(r._asdict()))] = read_metrics(metrics_file)
     baseline = runs["rule_accuracy"].dropna() if "rule_accuracy" in runs else []
-    if len(baseline):
-        acc_ax.axhline(100 * baseline.mean(), color="grey", linestyle="--", label="trivial rule")
+    baselines = {"accuracy": (baseline.mean(), "trivial rule")} if len(baseline) else None
     dataset = str(runs["dataset"].iloc[0]) if "dataset" in runs else ""
-    loss_ax.set(xlabel="step", ylabel="train loss")
-    acc_ax.set(xlabel="step", ylabel=f"{DEV} accuracy (%)")
-    for ax in (loss_ax, acc_ax):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"LRA {task}" + (f" — {dataset}" if dataset else ""))
-    return save_figure(fig, path, dpi=110)
+    panels = [(TRAIN, "loss", f"{TRAIN} loss"), (DEV, "accuracy", f"{DEV} accuracy")]
+    title = f"LRA {task}" + (f" — {dataset}" if dataset else "")
+    return overlaid_curves(curves, panels, path, title, baselines)
