@@ -51,7 +51,19 @@ class Case:
     stop: tuple[int, float] | None = None  # (signal, seconds after start)
     keeps: bool = False  # a run folder is expected to stay (it produced something)
     says: str = ""  # the output must contain this
+    env: dict[str, str] = field(default_factory=dict)  # set for nys; "{folder}": the case's
     result: dict = field(default_factory=dict)
+
+
+def _preloadable(name: str) -> Callable[[Path], None]:
+    """A library called ``name`` that is safe to preload: a link to this process's own libc."""
+
+    def setup(folder: Path) -> None:
+        maps = Path("/proc/self/maps").read_text().split()
+        libc = next(p for p in maps if Path(p).name.startswith("libc.so") or "/libc-" in p)
+        (folder / name).symlink_to(libc)
+
+    return setup
 
 
 def _write(name: str, data: bytes | str) -> Callable[[Path], None]:
@@ -287,6 +299,19 @@ def cases() -> list[Case]:
             stop=(signal.SIGTERM, 8.0),
         ),
         Case(
+            "unknown allocator",
+            ["approx-error", *TINY_AE],
+            env={"NYS_ALLOCATOR": "syst"},
+            says="NYS_ALLOCATOR='syst' is not allowed",
+        ),
+        Case(
+            "tcmalloc asked for beside a preloaded allocator",
+            ["approx-error", *TINY_AE],
+            setup=_preloadable("libmimalloc.so.2"),
+            env={"NYS_ALLOCATOR": "tcmalloc", "LD_PRELOAD": "{folder}/libmimalloc.so.2"},
+            says="LD_PRELOAD already names",
+        ),
+        Case(
             "SIGINT during bench",
             ["bench", "seq_lens=[4096]", "threads=1"],
             130,
@@ -304,6 +329,7 @@ def run_case(case: Case, root: Path) -> None:
         "COLUMNS": "200",
         "NO_COLOR": "1",
         "NYSCLI_DATA_CACHE": str(folder / "cache"),
+        **{key: value.format(folder=folder) for key, value in case.env.items()},
     }
     started = time.monotonic()
     process = subprocess.Popen(
@@ -354,7 +380,8 @@ def table(done: list[Case]) -> str:
     ]
     for i, case in enumerate(done, 1):
         r = case.result
-        command = " ".join(["nys", *case.args]).replace("|", "\\|")
+        given = [f"{key}={value.format(folder='.')}" for key, value in case.env.items()]
+        command = " ".join([*given, "nys", *case.args]).replace("|", "\\|")
         last = r["last"].replace("|", "\\|")
         if len(last) > 180:
             last = last[:177] + "..."
