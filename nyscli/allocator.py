@@ -89,13 +89,11 @@ def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str
     done = PRELOADED_ENV in environ or COMPLETION_ENV in environ
     if wanted == "system" or done or not linux:
         return None
-    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
-    theirs = [p for p in preload if Path(p).name.startswith(MALLOC_LIBRARIES)]
-    if theirs:  # the user preloads an allocator of their own: two would fight over malloc
-        if wanted == "tcmalloc" and not Path(theirs[0]).name.startswith("libtcmalloc"):
+    theirs = preloaded(environ)
+    if theirs != "system":  # the user preloads an allocator of their own: two would fight
+        if wanted == "tcmalloc" and not Path(theirs).name.startswith("libtcmalloc"):
             raise UserInputError(
-                f"{ALLOCATOR_ENV}=tcmalloc but LD_PRELOAD already names {theirs[0]}; "
-                f"unset one of them"
+                f"{ALLOCATOR_ENV}=tcmalloc but LD_PRELOAD already names {theirs}; unset one of them"
             )
         return None
     if library is None:
@@ -106,6 +104,7 @@ def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str
                 f"{ALLOCATOR_ENV}=auto"
             )
         return None
+    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
     new = dict(environ)
     new["LD_PRELOAD"] = ":".join([library, *preload])
     new[PRELOADED_ENV] = library
@@ -140,6 +139,14 @@ def system_environ(environ: Mapping[str, str]) -> dict[str, str]:
             new.pop("LD_PRELOAD", None)
     new[ALLOCATOR_ENV] = "system"
     return new
+
+
+def preloaded(environ: Mapping[str, str]) -> str:
+    """The allocator a process started with ``environ`` runs on, as its LD_PRELOAD says: the
+    first allocator library it names, else "system" (e.g. ``nys bench``'s workers, started
+    with ``system_environ``: "system", unless the user preloads one of their own)."""
+    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+    return next((p for p in preload if Path(p).name.startswith(MALLOC_LIBRARIES)), "system")
 
 
 def active(maps: str | None = None) -> str:

@@ -18,6 +18,7 @@ from nyscli.allocator import (
     active,
     find_tcmalloc,
     preload_environ,
+    preloaded,
     system_environ,
 )
 from nyscli.errors import UserInputError
@@ -81,8 +82,12 @@ def test_bench_workers_get_the_system_malloc_and_keep_the_users_preload():
     back = system_environ(env)
     assert back["LD_PRELOAD"] == "/u/a.so" and back["PATH"] == "/bin"
     assert PRELOADED_ENV not in back and back[ALLOCATOR_ENV] == "system"
+    assert preloaded(back) == "system"
     alone = system_environ(preload_environ({}, LIB))
-    assert "LD_PRELOAD" not in alone
+    assert "LD_PRELOAD" not in alone and preloaded(alone) == "system"
+    # A user's own allocator stays, and is what a worker then runs on.
+    theirs = {"LD_PRELOAD": "/u/a.so:/u/libjemalloc.so.2"}
+    assert preloaded(system_environ(theirs)) == "/u/libjemalloc.so.2"
     # A worker started from it does not preload again.
     assert preload_environ(alone, LIB) is None
 

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from nyscli.allocator import preloaded, system_environ
 from nyscli.attention import attention_label
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
@@ -36,8 +37,8 @@ from nyscli.train.resources import DEVICES, resolve_device
 log = logging.getLogger(__name__)
 
 # What env.json records: the points are measured in workers on glibc's malloc (rounds.py),
-# whatever allocator this process runs on.
-ALLOCATOR = "system"
+# whatever allocator this process runs on, unless the user's own LD_PRELOAD names another.
+ALLOCATOR = preloaded(system_environ(os.environ))
 
 SCOPES = ("module", "core", "projections")
 MODES = ("forward", "train")
