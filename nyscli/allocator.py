@@ -46,6 +46,11 @@ REPORT_ENV = "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"
 NO_REPORT = str(1 << 50)
 
 
+def _preloads(environ: Mapping[str, str]) -> list[str]:
+    """The libraries ``environ``'s LD_PRELOAD names, in order."""
+    return [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+
+
 def search_dirs() -> list[Path]:
     """Where tcmalloc is looked for: this environment's lib (a conda or virtualenv install
     first), then the system's library folders."""
@@ -104,9 +109,8 @@ def preload_environ(environ: Mapping[str, str], library: str | None) -> dict[str
                 f"{ALLOCATOR_ENV}=auto"
             )
         return None
-    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
     new = dict(environ)
-    new["LD_PRELOAD"] = ":".join([library, *preload])
+    new["LD_PRELOAD"] = ":".join([library, *_preloads(environ)])
     new[PRELOADED_ENV] = library
     new.setdefault(REPORT_ENV, NO_REPORT)
     return new
@@ -132,7 +136,7 @@ def system_environ(environ: Mapping[str, str]) -> dict[str, str]:
     new = dict(environ)
     library = new.pop(PRELOADED_ENV, None)
     if library is not None:
-        kept = [p for p in new.get("LD_PRELOAD", "").split(":") if p and p != library]
+        kept = [p for p in _preloads(new) if p != library]
         if kept:
             new["LD_PRELOAD"] = ":".join(kept)
         else:
@@ -145,8 +149,8 @@ def preloaded(environ: Mapping[str, str]) -> str:
     """The allocator a process started with ``environ`` runs on, as its LD_PRELOAD says: the
     first allocator library it names, else "system" (e.g. ``nys bench``'s workers, started
     with ``system_environ``: "system", unless the user preloads one of their own)."""
-    preload = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
-    return next((p for p in preload if Path(p).name.startswith(MALLOC_LIBRARIES)), "system")
+    mallocs = [p for p in _preloads(environ) if Path(p).name.startswith(MALLOC_LIBRARIES)]
+    return mallocs[0] if mallocs else "system"
 
 
 def active(maps: str | None = None) -> str:

@@ -337,9 +337,14 @@ def report(
         fail(describe_os_error(error))
 
 
+def say_error(message: str) -> None:
+    """Print ``error: message`` as one line (the message is not read as markup)."""
+    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` as one line and exit with ``code``."""
-    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    say_error(message)
     raise typer.Exit(code)
 
 
@@ -353,7 +358,7 @@ def main() -> None:
     try:
         reexec_with_tcmalloc()
     except UserInputError as error:
-        console.print(f"[red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        say_error(str(error))
         sys.exit(2)
     with sigterm_raises():
         code = _main()
@@ -366,7 +371,7 @@ def _main(args: list[str] | None = None) -> int:
         code = app(args=args, standalone_mode=False)
         stop = unreported()
         if stop is not None:  # Typer made a SIGTERM during parsing a silent Exit(130)
-            console.print(f"[red]error:[/] {stopped(stop)}", highlight=False)
+            say_error(stopped(stop))
             code = stop_code(stop)
     except click_errors.NoArgsIsHelpError as error:
         error.show()
@@ -375,7 +380,7 @@ def _main(args: list[str] | None = None) -> int:
         message = " ".join(error.format_message().split()).rstrip(".")
         ctx = getattr(error, "ctx", None)
         hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
-        console.print(f"[red]error:[/] {escape(message)}{hint}", highlight=False, soft_wrap=True)
+        say_error(message + hint)
         code = error.exit_code
     except (typer.Abort, KeyboardInterrupt) as error:
         # click turns a KeyboardInterrupt (Ctrl-C, or our SIGTERM) into Abort
@@ -383,7 +388,7 @@ def _main(args: list[str] | None = None) -> int:
         if not isinstance(stop, KeyboardInterrupt):
             console.print("[red]error:[/] aborted", highlight=False)
             return 1
-        console.print(f"[red]error:[/] {stopped(stop)}", highlight=False)
+        say_error(stopped(stop))
         code = stop_code(stop)
     return code
 
