@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import nys_subprocess
+# Without a GPU, Triton's kernels are tested in its interpreter, which must be chosen before
+# triton is first imported (its own library functions are decorated then); nys itself never
+# runs them on CPU tensors unless a test asks (nyscli.attention.nystrom_gpu.ON_CPU_FOR_TESTS).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.helpers import nys_subprocess  # noqa: E402  (after the interpreter's switch)
 
 REPO = Path(__file__).resolve().parents[1]
 

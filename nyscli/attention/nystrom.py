@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from nyscli.attention import nystrom_gpu
 from nyscli.attention.chunking import DEFAULT_BUDGET, by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
@@ -184,7 +185,11 @@ class NystromAttention(Core):
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
         if self.recompute and backward_follows(q, k, v):
             return self.recomputed_approximation(q, k, v, key_padding_mask)
-        if not backward_follows(q, k, v) and self.heads_independent():
+        if (
+            not backward_follows(q, k, v)
+            and self.heads_independent()
+            and not self.uses_triton(q, v)  # its m x m iterates never leave the kernel
+        ):
             # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse
             # iterates: ~8 m^2 a head) outgrow SDPA's whole layer at large batches (MiniLM,
             # batch 64, n 512: 134 vs 52 MB): a few heads at a time, the same values.
@@ -229,6 +234,17 @@ class NystromAttention(Core):
             and fused_path_applies(q, k, v)
         )
 
+    def uses_triton(self, q: Tensor, v: Tensor) -> bool:
+        """Whether the landmark side runs as ``nystrom_gpu``'s one program per head: on a
+        GPU (or under Triton's interpreter), for the iterative pseudo-inverse from its
+        per-matrix start with a fixed number of steps, up to its tile's size."""
+        return (
+            self.pinv == "iterative"
+            and self.pinv_init == "per_matrix"
+            and self.pinv_tolerance is None
+            and nystrom_gpu.applies(q, v, self.num_landmarks)
+        )
+
     def landmark_inverse(self, q_land: Tensor, k_land: Tensor) -> Tensor:
         """pinv(A): (B, H, m, m) for landmarks (B, H, m, d) that all exist."""
         return self.pseudo_inverse(self.landmark_kernel(q_land, k_land, None))
@@ -247,11 +263,15 @@ class NystromAttention(Core):
         Its own function so that A, pinv(A) and Bk V are freed before the last attention runs:
         the forward's peak stays at the output plus O(m d).
         """
-        a = self.landmark_kernel(q_land, k_land, exists)
         token_keep = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
         if exists is not None:
             bv = bv * exists[:, None, :, None].to(bv.dtype)
+        if self.uses_triton(k, v):
+            with torch.autocast(device_type=q_land.device.type, enabled=False):
+                w = nystrom_gpu.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
+            return w.to(v.dtype)
+        a = self.landmark_kernel(q_land, k_land, exists)
         with torch.autocast(device_type=q_land.device.type, enabled=False):
             # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
             z = self.recomputed_pseudo_inverse(a)

@@ -1,0 +1,175 @@
+"""Nyström's landmark side in one Triton program per head: W = pinv(A) (Bk V), forward and backward.
+
+On a GPU the landmark side was tens of small kernels (the landmark kernel, its softmax, six
+Newton-Schulz steps of four products each, the product with Bk V) and their backward three
+times as many: the core was bound by launches, not arithmetic (docs/results/gpu.md). Here one
+program per (sequence, head) holds q~, k~ (m x d) and the m x m iterates in registers and
+does all of it; the backward is one more program per head that keeps the iterates in a
+scratch buffer of its own and walks them back. The two large attentions stay in SDPA's fused
+kernels (``nystrom.py``).
+
+The same function as ``NystromAttention.landmark_values`` with the iterative pseudo-inverse
+and its per-matrix start, computed in float32 (float64 for float64 inputs), whatever the
+input dtype. The kernels run where Triton does: on CUDA, and anywhere under Triton's
+interpreter (``TRITON_INTERPRET=1``), which is how the tests check them on a CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# The register tile a program holds: m and d are padded up to powers of two of at least 16
+# (tl.dot's smallest), and beyond these the m x m iterates would spill out of registers.
+MAX_LANDMARKS = 64
+MAX_HEAD_DIM = 128
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1`` before triton is first
+    imported: Triton's own library functions are decorated then) instead of compiling."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Found, not imported: importing triton takes about a second that CPU runs need not pay.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+# CPU tensors take the kernels only where a test sets this (under the interpreter); users'
+# CPU runs keep the CPU path, whatever their environment says.
+ON_CPU_FOR_TESTS = False
+
+
+def applies(q: Tensor, v: Tensor, m: int) -> bool:
+    """Whether the kernels serve m landmarks of q: (B, H, n, d), v: (B, H, n, d_v) here."""
+    d = q.shape[-1]
+    device_ok = q.is_cuda or (ON_CPU_FOR_TESTS and interpreting() and q.device.type == "cpu")
+    return (
+        device_ok
+        and m <= MAX_LANDMARKS
+        and d <= MAX_HEAD_DIM
+        and v.shape[-1] == d
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        and HAS_CUSTOM_OPS
+        and HAS_TRITON
+    )
+
+
+def _block(size: int) -> int:
+    return max(16, 1 << (size - 1).bit_length())
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
+    import triton.language as tl
+
+    b, h, m, d = q_land.shape
+    dtype = _compute_dtype(q_land)
+    return {
+        "heads": h,
+        "scale": 1.0 / math.sqrt(d),
+        "tiny": torch.finfo(dtype).tiny,
+        "M": m,
+        "D": d,
+        "BM": _block(m),
+        "BD": _block(d),
+        "HAS_E": exists is not None,
+        "DT": tl.float64 if dtype == torch.float64 else tl.float32,
+        "num_warps": 8 if _block(m) >= 64 else 4,
+    }
+
+
+def _forward(
+    q_land: Tensor, k_land: Tensor, bv: Tensor, exists: Tensor | None, iterations: int
+) -> Tensor:
+    from nyscli.attention.nystrom_kernels import forward as forward_kernel
+
+    q_land, k_land, bv = q_land.contiguous(), k_land.contiguous(), bv.contiguous()
+    flags = None if exists is None else exists.to(torch.int8).contiguous()
+    w = torch.empty_like(bv)
+    b, h = q_land.shape[:2]
+    args = _launch_args(q_land, exists)
+    forward_kernel[(b * h,)](q_land, k_land, flags, bv, w, ITERS=iterations, **args)
+    return w
+
+
+def _backward(
+    q_land: Tensor,
+    k_land: Tensor,
+    bv: Tensor,
+    exists: Tensor | None,
+    grad_w: Tensor,
+    iterations: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    from nyscli.attention.nystrom_kernels import backward as backward_kernel
+
+    q_land, k_land, bv = q_land.contiguous(), k_land.contiguous(), bv.contiguous()
+    flags = None if exists is None else exists.to(torch.int8).contiguous()
+    b, h = q_land.shape[:2]
+    args = _launch_args(q_land, exists)
+    dtype = _compute_dtype(q_land)
+    grads = [torch.empty(x.shape, dtype=dtype, device=x.device) for x in (q_land, k_land, bv)]
+    # The iterates Z_0 .. Z_{T-1} of each head, written and read back by its own program.
+    scratch = torch.empty(b * h * iterations * args["BM"] ** 2, dtype=dtype, device=bv.device)
+    backward_kernel[(b * h,)](
+        q_land, k_land, flags, bv, grad_w.contiguous(), *grads, scratch, ITERS=iterations, **args
+    )
+    g_ql, g_kl, g_bv = grads
+    return g_ql.to(q_land.dtype), g_kl.to(k_land.dtype), g_bv.to(bv.dtype)
+
+
+# Registered as custom ops so that torch.compile keeps them whole (no graph break) and knows
+# their output shapes from the fake versions; torch < 2.4 has no custom_op and no GPU path.
+HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op")
+if HAS_CUSTOM_OPS:
+    _forward_op = torch.library.custom_op(
+        "nys::nystrom_landmark_weights",
+        mutates_args=(),
+        schema="(Tensor q_land, Tensor k_land, Tensor bv, Tensor? exists, int iterations)"
+        " -> Tensor",
+    )(_forward)
+    _backward_op = torch.library.custom_op(
+        "nys::nystrom_landmark_weights_backward",
+        mutates_args=(),
+        schema="(Tensor q_land, Tensor k_land, Tensor bv, Tensor? exists, Tensor grad_w,"
+        " int iterations) -> (Tensor, Tensor, Tensor)",
+    )(_backward)
+
+    @_forward_op.register_fake
+    def _(q_land, k_land, bv, exists, iterations):  # noqa: ANN001, ANN202
+        return torch.empty_like(bv)
+
+    @_backward_op.register_fake
+    def _(q_land, k_land, bv, exists, grad_w, iterations):  # noqa: ANN001, ANN202
+        return torch.empty_like(q_land), torch.empty_like(k_land), torch.empty_like(bv)
+
+    def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        q_land, k_land, bv, exists, iterations = inputs
+        ctx.save_for_backward(q_land, k_land, bv, exists)
+        ctx.iterations = iterations
+
+    def _grad(ctx: Any, grad_w: Tensor) -> tuple[Tensor | None, ...]:
+        q_land, k_land, bv, exists = ctx.saved_tensors
+        grads = _backward_op(q_land, k_land, bv, exists, grad_w, ctx.iterations)
+        return *grads, None, None
+
+    _forward_op.register_autograd(_grad, setup_context=_setup_context)
+
+
+def landmark_weights(
+    q_land: Tensor, k_land: Tensor, bv: Tensor, exists: Tensor | None, iterations: int
+) -> Tensor:
+    """W = pinv(A) bv: (B, H, m, d_v) from landmarks q~, k~ (B, H, m, d), Bk V (B, H, m, d_v)
+    and the (B, m) mask of landmarks that exist (None: all do).
+
+    A = softmax(q~ k~^T / sqrt(d)) with empty landmarks' rows and columns zero; pinv by
+    ``iterations`` Newton-Schulz steps from Z_0 = A^T / (||A||_1 ||A||_inf). W comes back in
+    bv's dtype; differentiable in q~, k~ and bv. Requires ``applies`` (d_v = d).
+    """
+    return _forward_op(q_land, k_land, bv, exists, iterations)

@@ -1,0 +1,186 @@
+"""Triton kernels of ``nystrom_gpu``: the landmark side of Nyström for one head per program.
+
+Imported by ``nystrom_gpu`` when a kernel first runs, so that CPU runs never import triton.
+Shapes: q~, k~, Bk V, W (B*H, M, D) contiguous, padded in
+registers to (BM, BD); the exists mask (B, M) int8.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def landmark_matrix(
+    ql_ptr,
+    kl_ptr,
+    e_ptr,
+    base,
+    batch,
+    scale,
+    M,
+    D,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_E: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """q~, k~ (BM x BD, zero-padded) and A = softmax(q~ k~^T scale) with empty landmarks'
+    rows and columns zero (padding too)."""
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    tile = (rows[:, None] < M) & (cols[None, :] < D)
+    offs = base + rows[:, None] * D + cols[None, :]
+    ql = tl.load(ql_ptr + offs, mask=tile, other=0.0).to(DT)
+    kl = tl.load(kl_ptr + offs, mask=tile, other=0.0).to(DT)
+    real = rows < M
+    if HAS_E:
+        real = real & (tl.load(e_ptr + batch * M + rows, mask=rows < M, other=0) != 0)
+    s = tl.dot(ql, tl.trans(kl), input_precision="ieee") * scale
+    s = tl.where(real[None, :], s, float("-inf"))
+    top = tl.max(s, axis=1)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row with no landmark at all
+    p = tl.exp(s - top[:, None])
+    total = tl.sum(p, axis=1)
+    p = p / tl.where(total > 0, total, 1.0)[:, None]
+    a = tl.where(real[:, None], p, 0.0)
+    return ql, kl, p, a, real
+
+
+@triton.jit
+def start(a, tiny):
+    """Z_0 = A^T / max(||A||_1 ||A||_inf, tiny) and that scale."""
+    norm_1 = tl.max(tl.sum(tl.abs(a), axis=0), axis=0)
+    norm_inf = tl.max(tl.sum(tl.abs(a), axis=1), axis=0)
+    c = tl.maximum(norm_1 * norm_inf, tiny)
+    return tl.trans(a) / c, c, norm_1, norm_inf
+
+
+@triton.jit
+def newton_step(a, z, eye):
+    """Z' = 1/4 Z (13 I - AZ (15 I - AZ (7 I - AZ))), the products in pinv.py's order."""
+    az = tl.dot(a, z, input_precision="ieee")
+    t = 7.0 * eye - az
+    t = 15.0 * eye - tl.dot(az, t, input_precision="ieee")
+    t = 13.0 * eye - tl.dot(az, t, input_precision="ieee")
+    return tl.dot(0.25 * z, t, input_precision="ieee")
+
+
+@triton.jit
+def forward(
+    ql_ptr,
+    kl_ptr,
+    e_ptr,
+    bv_ptr,
+    w_ptr,
+    heads,
+    scale,
+    tiny,
+    M,
+    D,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+    ITERS: tl.constexpr,
+    HAS_E: tl.constexpr,
+    DT: tl.constexpr,
+):
+    head = tl.program_id(0)
+    base = head * M * D
+    _, _, _, a, _ = landmark_matrix(
+        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT
+    )
+    z, _, _, _ = start(a, tiny)
+    idx = tl.arange(0, BM)
+    eye = (idx[:, None] == idx[None, :]).to(DT)
+    for _ in tl.static_range(ITERS):
+        z = newton_step(a, z, eye)
+    cols = tl.arange(0, BD)
+    tile = (idx[:, None] < M) & (cols[None, :] < D)
+    offs = base + idx[:, None] * D + cols[None, :]
+    bv = tl.load(bv_ptr + offs, mask=tile, other=0.0).to(DT)
+    w = tl.dot(z, bv, input_precision="ieee")
+    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=tile)
+
+
+@triton.jit
+def backward(
+    ql_ptr,
+    kl_ptr,
+    e_ptr,
+    bv_ptr,
+    gw_ptr,
+    gql_ptr,
+    gkl_ptr,
+    gbv_ptr,
+    scratch_ptr,
+    heads,
+    scale,
+    tiny,
+    M,
+    D,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+    ITERS: tl.constexpr,
+    HAS_E: tl.constexpr,
+    DT: tl.constexpr,
+):
+    head = tl.program_id(0)
+    base = head * M * D
+    ql, kl, p, a, real = landmark_matrix(
+        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT
+    )
+    z0, c, norm_1, norm_inf = start(a, tiny)
+    idx = tl.arange(0, BM)
+    eye = (idx[:, None] == idx[None, :]).to(DT)
+    square = idx[:, None] * BM + idx[None, :]
+    own = scratch_ptr + head * (ITERS * BM * BM)
+    # Forward again, keeping Z_0 .. Z_{ITERS-1} for the walk back.
+    z = z0
+    for j in tl.static_range(ITERS):
+        tl.store(own + j * BM * BM + square, z)
+        z = newton_step(a, z, eye)
+    tl.debug_barrier()  # the iterates are read back below by other threads
+    cols = tl.arange(0, BD)
+    tile = (idx[:, None] < M) & (cols[None, :] < D)
+    offs = base + idx[:, None] * D + cols[None, :]
+    bv = tl.load(bv_ptr + offs, mask=tile, other=0.0).to(DT)
+    gw = tl.load(gw_ptr + offs, mask=tile, other=0.0).to(DT)
+    # W = Z bv
+    tl.store(gbv_ptr + offs, tl.dot(tl.trans(z), gw, input_precision="ieee"), mask=tile)
+    gz = tl.dot(gw, tl.trans(bv), input_precision="ieee")
+    ga = tl.zeros((BM, BM), dtype=DT)
+    for jj in tl.static_range(ITERS):
+        z = tl.load(own + (ITERS - 1 - jj) * BM * BM + square)
+        p1 = tl.dot(a, z, input_precision="ieee")
+        t1 = 7.0 * eye - p1
+        t2 = 15.0 * eye - tl.dot(p1, t1, input_precision="ieee")
+        t3 = 13.0 * eye - tl.dot(p1, t2, input_precision="ieee")
+        # Z' = 1/4 Z t3, t3 = 13 I - P t2, t2 = 15 I - P t1, t1 = 7 I - P
+        g_t3 = tl.dot(tl.trans(0.25 * z), gz, input_precision="ieee")
+        g_z = tl.dot(0.25 * gz, tl.trans(t3), input_precision="ieee")
+        g_p = -tl.dot(g_t3, tl.trans(t2), input_precision="ieee")
+        g_t2 = -tl.dot(tl.trans(p1), g_t3, input_precision="ieee")
+        g_p += -tl.dot(g_t2, tl.trans(t1), input_precision="ieee")
+        g_t1 = -tl.dot(tl.trans(p1), g_t2, input_precision="ieee")
+        g_p += -g_t1
+        # P = A Z
+        ga += tl.dot(g_p, tl.trans(z), input_precision="ieee")
+        gz = g_z + tl.dot(tl.trans(a), g_p, input_precision="ieee")
+    # Z_0 = A^T / c, c = max(||A||_1 ||A||_inf, tiny). Where c is the floor, A is zero (no
+    # landmark exists) and so is every gradient that reaches q~, k~: 0 there, not gz / tiny.
+    inv_c = tl.where(norm_1 * norm_inf > tiny, 1.0 / c, 0.0)
+    ga += tl.trans(gz) * inv_c
+    g_c = -tl.sum(tl.sum(tl.trans(gz) * a, axis=1), axis=0) * inv_c * inv_c
+    col_sums = tl.sum(tl.abs(a), axis=0)
+    row_sums = tl.sum(tl.abs(a), axis=1)
+    # amax's gradient goes to every tied maximum in equal parts, as torch's does.
+    top_cols = (col_sums == norm_1).to(DT)
+    top_rows = (row_sums == norm_inf).to(DT)
+    sign = tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, 0.0))
+    ga += sign * (g_c * norm_inf * top_cols / tl.sum(top_cols, axis=0))[None, :]
+    ga += sign * (g_c * norm_1 * top_rows / tl.sum(top_rows, axis=0))[:, None]
+    # A = softmax(S) on real rows; S = q~ k~^T scale on real columns
+    gp = tl.where(real[:, None], ga, 0.0)
+    gs = p * (gp - tl.sum(gp * p, axis=1)[:, None])
+    gs = tl.where(real[None, :], gs, 0.0) * scale
+    tl.store(gql_ptr + offs, tl.dot(gs, kl, input_precision="ieee"), mask=tile)
+    tl.store(gkl_ptr + offs, tl.dot(tl.trans(gs), ql, input_precision="ieee"), mask=tile)

@@ -1,0 +1,173 @@
+"""The GPU path of Nyström's landmark side (``nystrom_gpu``): its Triton kernels against the
+float64 formula, forward and backward — compiled on a GPU where there is one, otherwise on the
+CPU under Triton's interpreter (switched on by conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from nyscli.attention import build_attention, nystrom_gpu
+from nyscli.attention.nystrom import NystromAttention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, let the GPU path serve CPU tensors (in Triton's interpreter)."""
+    if DEVICE == "cpu":
+        assert nystrom_gpu.interpreting(), "conftest.py switches the interpreter on"
+        monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+
+
+def landmarks(
+    b: int, h: int, m: int, d: int, seed: int, dtype: torch.dtype = torch.float64
+) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (b, h, m, d)
+    return [
+        torch.randn(shape, generator=g, dtype=torch.float64).to(DEVICE, dtype) for _ in range(3)
+    ]
+
+
+def formula(
+    q_land: torch.Tensor, k_land: torch.Tensor, bv: torch.Tensor, exists, iterations: int
+) -> torch.Tensor:
+    """W = pinv(A) bv by the torch ops of the CPU path (float64, autograd)."""
+    core = NystromAttention(num_landmarks=q_land.shape[2], pinv_iterations=iterations)
+    a = core.landmark_kernel(q_land, k_land, exists)
+    return core.pseudo_inverse(a) @ bv
+
+
+def relative(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize(
+    "m, d, partial",
+    [(64, 64, False), (24, 40, True), (16, 16, True)],
+    ids=["m64-d64", "m24-d40-some-empty", "m16-d16-some-empty"],
+)
+def test_landmark_weights_equal_the_float64_formula(interpret, m, d, partial) -> None:
+    q_land, k_land, bv = (x.requires_grad_() for x in landmarks(3, 2, m, d, seed=m + d))
+    exists = None
+    if partial:
+        exists = torch.ones(3, m, dtype=torch.bool, device=DEVICE)
+        exists[1, m - 5 :] = False
+        exists[2] = False  # a sequence with no landmark at all: A = 0, W = 0
+    w = nystrom_gpu.landmark_weights(q_land, k_land, bv, exists, 6)
+    ref = formula(q_land, k_land, bv, exists, 6)
+    assert relative(w, ref) < 1e-12
+    if partial:
+        assert torch.equal(w[2], torch.zeros_like(w[2]))
+    grad = torch.randn(w.shape, generator=torch.Generator().manual_seed(1), dtype=w.dtype)
+    grad = grad.to(DEVICE)
+    got = torch.autograd.grad(w, (q_land, k_land, bv), grad)
+    want = torch.autograd.grad(ref, (q_land, k_land, bv), grad)
+    for g_got, g_want in zip(got, want, strict=True):
+        assert relative(g_got, g_want) < 1e-11
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_other_iteration_counts(interpret, iterations) -> None:
+    q_land, k_land, bv = (x.requires_grad_() for x in landmarks(1, 2, 32, 16, seed=7))
+    w = nystrom_gpu.landmark_weights(q_land, k_land, bv, None, iterations)
+    ref = formula(q_land, k_land, bv, None, iterations)
+    assert relative(w, ref) < 1e-12
+    got = torch.autograd.grad(w.sum(), q_land)[0]
+    want = torch.autograd.grad(ref.sum(), q_land)[0]
+    assert relative(got, want) < 1e-11
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_low_precision_inputs_compute_in_float32(interpret, dtype, bound) -> None:
+    # Against the float64 formula on the same (rounded) inputs: only float32 arithmetic and
+    # the output's rounding to the input dtype separate them.
+    q_land, k_land, bv = landmarks(2, 3, 64, 64, seed=3, dtype=dtype)
+    w = nystrom_gpu.landmark_weights(q_land, k_land, bv, None, 6)
+    assert w.dtype == dtype and torch.isfinite(w).all()
+    ref = formula(q_land.double(), k_land.double(), bv.double(), None, 6)
+    assert relative(w, ref) < bound
+
+
+def qkv(b: int, h: int, n: int, d: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (b, h, n, d)
+    return [torch.randn(shape, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(3)]
+
+
+def forward_backward(core, q, k, v, mask):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = core(q, k, v, mask)
+    grad = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    return out, torch.autograd.grad(out, (q, k, v), grad)
+
+
+@pytest.mark.parametrize("n, m, padded", [(96, 64, False), (50, 24, True), (70, 16, True)])
+def test_core_on_the_gpu_path_equals_the_torch_path(monkeypatch, n, m, padded) -> None:
+    q, k, v = qkv(3, 2, n, 32, seed=n)
+    mask = None
+    if padded:
+        mask = torch.ones(3, n, dtype=torch.bool, device=DEVICE)
+        mask[1, n - 9 :] = False
+        mask[2, m - 3 :] = False  # at most m real tokens: exact attention, on either path
+    core = NystromAttention(num_landmarks=m)
+    core.fused_cpu_backward = False  # CPU training would take its own fused path
+    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    assert core.uses_triton(q, v)
+    got = forward_backward(core, q, k, v, mask)
+    monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", False)  # the torch ops, on any device
+    assert not core.uses_triton(q, v)
+    want = forward_backward(core, q, k, v, mask)
+    assert relative(got[0], want[0]) < 1e-12
+    for g_got, g_want in zip(got[1], want[1], strict=True):
+        assert relative(g_got, g_want) < 1e-11
+    if padded:  # pads never count: junk there changes nothing
+        junk = [x.clone() for x in (q, k, v)]
+        for x in junk:
+            x[1, :, n - 9 :] = 1e3
+        monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", True)
+        again = core(*junk, mask)
+        assert torch.allclose(again[1, :, : n - 9], got[0][1, :, : n - 9], atol=1e-12)
+        exact = build_attention({"name": "softmax_naive"})(q, k, v, mask)
+        assert torch.allclose(got[0][2, :, : m - 3], exact[2, :, : m - 3], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pinv": "exact"},
+        {"pinv_init": "original"},
+        {"pinv_tolerance": 1e-3},
+        {"num_landmarks": nystrom_gpu.MAX_LANDMARKS + 1},
+    ],
+)
+def test_the_gpu_path_serves_only_what_it_computes(interpret, options) -> None:
+    q, _, v = qkv(1, 1, 200, 16, seed=0)
+    assert NystromAttention(num_landmarks=16).uses_triton(q, v)
+    assert not NystromAttention(**{"num_landmarks": 16, **options}).uses_triton(q, v)
+
+
+def test_cpu_tensors_take_the_cpu_path() -> None:
+    # The interpreter is on in this process (conftest.py), and still a user's CPU run keeps
+    # the CPU path: only tests send CPU tensors to the kernels.
+    q, _, v = (x.cpu() for x in qkv(1, 1, 200, 16, seed=0))
+    assert not NystromAttention(num_landmarks=16).uses_triton(q, v)
+
+
+def test_torch_compile_keeps_the_kernels_whole(interpret) -> None:
+    # Custom ops: one graph, no break, the same numbers (aot_eager: no C++ compiler needed).
+    q, k, v = (x.float().requires_grad_() for x in qkv(2, 2, 64, 32, seed=5))
+    core = NystromAttention(num_landmarks=16)
+    core.fused_cpu_backward = False
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(core)(q, k, v, None)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(core, backend="aot_eager", fullgraph=True)
+    out = compiled(q, k, v, None)
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q)
+    ref = core(q, k, v, None)
+    (ref_grad_q,) = torch.autograd.grad(ref.square().sum(), q)
+    assert relative(out, ref.double()) < 1e-6 and relative(grad_q, ref_grad_q.double()) < 1e-5
