@@ -171,3 +171,35 @@ def test_torch_compile_keeps_the_kernels_whole(interpret) -> None:
     ref = core(q, k, v, None)
     (ref_grad_q,) = torch.autograd.grad(ref.square().sum(), q)
     assert relative(out, ref.double()) < 1e-6 and relative(grad_q, ref_grad_q.double()) < 1e-5
+
+
+def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
+    # scripts/gpu_profile.py's whole path on the CPU (kernels in the interpreter): every row
+    # timed, both paths near the float64 formula, the profiles written.
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_profile.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--toy"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(tmp_path / "gpu_profile.csv", newline="") as handle:
+        timed = {(r["mode"], r["row"]) for r in csv.DictReader(handle) if r["call_ms"]}
+    rows = ("sdpa", "nystrom-torch", "nystrom-triton")
+    assert timed == {(mode, row) for mode in ("forward", "train") for row in rows}
+    with open(tmp_path / "equality.csv", newline="") as handle:
+        errors = {
+            (r["dtype"], r["path"], r["tensor"]): float(r["relative_error_vs_float64"])
+            for r in csv.DictReader(handle)
+        }
+    assert len(errors) == 16
+    for (dtype, path, _), error in errors.items():
+        assert error < (2e-5 if dtype == "float32" else 3e-2), (dtype, path, error)
+    for path, mode in [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]:
+        assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")

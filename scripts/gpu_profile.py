@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Where a Nyström core call goes on a GPU: the torch path against the Triton path, in one run.
+
+    scripts/gpu_profile.py [OUT] [--lens 1024,2048,...] [--minutes M] [--toy]
+
+For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md says why each):
+1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
+2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
+   relative error of the output and of the three gradients.
+3. Times (median ms) and peak memory over SDPA, for bf16 and fp32, forward and forward +
+   backward, batch 1, 12 heads of 64, m = 64: ``sdpa``, ``nystrom-torch`` (the landmark side
+   as torch ops: what every GPU run used so far), ``nystrom-triton`` (this checkout's path) and,
+   forward only, ``nystrom-triton-graph`` (the same call captured once in a CUDA graph and
+   replayed: what is left when launches cost nothing). Two timings per cell: ``call_ms``, one
+   call from an idle GPU as ``nys bench`` times it (launch-bound when the work is small), and
+   ``stream_ms``, the mean of calls queued back to back (the GPU's own time, once the CPU
+   keeps ahead of it).
+4. The torch profiler over one forward and one forward + backward at n = 8,192 (bf16) for both
+   Nyström paths: kernels launched, GPU time in kernels, the top kernels (OUT/profile-*.txt).
+
+Writes OUT/gpu_profile.csv, OUT/equality.csv, OUT/profile-*.txt and prints a short table last.
+``--toy``: the CPU at n = 128 with the kernels in Triton's interpreter: the script's path, run by
+the tests. ``--minutes``: stop timing new cells when that much time has gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's nyscli, installed or not (a lent GPU machine)
+
+HEADS, HEAD_DIM, LANDMARKS = 12, 64, 64
+LENS = [1024, 2048, 4096, 8192, 16384, 65536]
+PROFILE_LEN = 8192
+ROWS = ("sdpa", "nystrom-torch", "nystrom-triton", "nystrom-triton-graph")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", nargs="?", default="gpu-profile", type=Path)
+    parser.add_argument("--lens", default=",".join(map(str, LENS)))
+    parser.add_argument("--minutes", type=float, default=None)
+    parser.add_argument("--toy", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    if args.toy:
+        # The interpreter must be chosen before triton is first imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from nyscli.attention import nystrom_gpu
+
+    if args.toy:
+        from nyscli.attention.nystrom import NystromAttention
+
+        nystrom_gpu.ON_CPU_FOR_TESTS = True
+        NystromAttention.fused_cpu_backward = False  # else CPU training skips both paths
+    device = torch.device("cpu" if args.toy else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_profile: no CUDA device (use --toy on a CPU)")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    lens = [128] if args.toy else [int(x) for x in args.lens.split(",")]
+    ends_at = None if args.minutes is None else time.monotonic() + 60 * args.minutes
+    print(environment(torch, device), flush=True)
+    if not args.toy:
+        run_kernel_tests(out)
+    write_csv(out / "equality.csv", equality(torch, device, 128 if args.toy else 4096))
+    rows = timings(torch, device, lens, args.toy, ends_at)
+    write_csv(out / "gpu_profile.csv", rows)
+    for path in ("torch", "triton"):
+        for mode in ("forward", "train"):
+            text = profile(torch, device, path, mode, 128 if args.toy else PROFILE_LEN)
+            (out / f"profile-{path}-{mode}.txt").write_text(text)
+    print(summary(rows))
+
+
+def environment(torch, device) -> str:
+    line = f"torch {torch.__version__}"
+    try:
+        import triton
+
+        line += f", triton {triton.__version__}"
+    except ImportError:
+        line += ", no triton"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        line += f", {props.name}, {props.multi_processor_count} SMs"
+    return line
+
+
+def run_kernel_tests(out: Path) -> None:
+    """The float64 kernel tests, on CUDA tensors (no interpreter where a GPU is present)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    cmd += ["tests/test_nystrom_gpu.py"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    (out / "kernel-tests.txt").write_text(done.stdout + done.stderr)
+    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    print(f"kernel tests on CUDA: exit {done.returncode}: {last}", flush=True)
+
+
+def core(torch, path: str):
+    """The attention core of ``path`` and a switch that puts Nyström on that path."""
+    from nyscli.attention import build_attention, nystrom_gpu
+
+    if path == "sdpa":
+        return build_attention({"name": "softmax"})
+    nystrom_gpu.HAS_TRITON = path.startswith("nystrom-triton") and _triton_found()
+    return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})
+
+
+def _triton_found() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def inputs(torch, device, n: int, dtype, grad: bool, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (1, HEADS, n, HEAD_DIM)
+    return [
+        torch.randn(shape, generator=g, device=device, dtype=dtype).requires_grad_(grad)
+        for _ in range(3)
+    ]
+
+
+def equality(torch, device, n: int) -> list[dict]:
+    """Each Nyström path against the float64 formula (the torch path in float64), output and
+    the three gradients, for fp32 and bf16 inputs (the same values, rounded)."""
+
+    def run(path: str, dtype) -> list:
+        attention = core(torch, path)
+        q, k, v = (x.detach().to(dtype).requires_grad_() for x in exact_inputs)
+        out = attention(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
+        return [out, *grads]
+
+    exact_inputs = inputs(torch, device, n, torch.float64, grad=False, seed=1)
+    upstream = inputs(torch, device, n, torch.float64, grad=False, seed=2)[0]
+    reference = run("nystrom-torch", torch.float64)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for path in ("nystrom-torch", "nystrom-triton"):
+            names = ("out", "grad_q", "grad_k", "grad_v")
+            for name, got, want in zip(names, run(path, dtype), reference, strict=True):
+                error = ((got.double() - want).norm() / want.norm()).item()
+                row = {
+                    "dtype": str(dtype).split(".")[-1],
+                    "n": n,
+                    "path": path,
+                    "tensor": name,
+                    "relative_error_vs_float64": error,
+                }
+                rows.append(row)
+                print(f"{row['dtype']:>8} {path:<15} {name:<6} vs float64: {error:.2e}", flush=True)
+    return rows
+
+
+def timer(torch, device) -> tuple[Callable, Callable]:
+    """(call_ms, stream_ms): one call from an idle device; the mean of calls queued back to
+    back."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def call_ms(fn: Callable[[], object]) -> float:
+        sync()
+        if device.type == "cuda":
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            fn()
+            end.record()
+            sync()
+            return float(start.elapsed_time(end))
+        began = time.perf_counter()
+        fn()
+        return (time.perf_counter() - began) * 1000
+
+    def stream_ms(fn: Callable[[], object], count: int) -> float:
+        sync()
+        began = time.perf_counter()
+        for _ in range(count):
+            fn()
+        sync()
+        return (time.perf_counter() - began) * 1000 / count
+
+    return call_ms, stream_ms
+
+
+def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], object] | None:
+    """The timed call of one cell (None: the row has no such cell)."""
+    if row.endswith("graph") and (train or device.type != "cuda"):
+        return None
+    attention = core(torch, row)
+    q, k, v = inputs(torch, device, n, dtype, grad=train)
+    if train:
+        upstream = torch.randn(q.shape, device=device, dtype=dtype)
+
+        def step() -> None:
+            attention(q, k, v).backward(upstream)
+            for x in (q, k, v):
+                x.grad = None
+
+        return step
+    if not row.endswith("graph"):
+
+        def forward():
+            with torch.inference_mode():
+                return attention(q, k, v)
+
+        return forward
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(3):
+            attention(q, k, v)  # compiles the kernels and settles the allocator, off the graph
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        attention(q, k, v)
+    return graph.replay
+
+
+def peak_mb(torch, device, fn: Callable[[], object]) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def timings(torch, device, lens: list[int], toy: bool, ends_at: float | None) -> list[dict]:
+    call_ms, stream_ms = timer(torch, device)
+    dtypes = [torch.float32] if toy else [torch.bfloat16, torch.float32]
+    rows = []
+    for dtype in dtypes:
+        for train in (False, True):
+            for n in lens:
+                if ends_at is not None and time.monotonic() > ends_at:
+                    print(f"time is up: not timed from {dtype} train={train} n={n}")
+                    return rows
+                base = None
+                for row in ROWS:
+                    cell = {
+                        "dtype": str(dtype).split(".")[-1],
+                        "mode": "train" if train else "forward",
+                        "n": n,
+                        "row": row,
+                    }
+                    try:
+                        fn = build(torch, device, row, n, dtype, train)
+                        if fn is None:
+                            continue
+                        for _ in range(2 if toy else 5):
+                            fn()  # warm-up: compilation, allocator, autotuning
+                        memory = peak_mb(torch, device, fn)
+                        first = call_ms(fn)
+                        repeats = max(3, min(50, int(1000 / max(first, 1e-3))))
+                        times = [call_ms(fn) for _ in range(2 if toy else repeats)]
+                        cell.update(
+                            call_ms=statistics.median(times),
+                            stream_ms=stream_ms(fn, 2 if toy else repeats),
+                            peak_mb=memory,
+                            repeats=len(times),
+                        )
+                    except Exception as error:  # one cell's failure (OOM) is a row, not the end
+                        cell["error"] = f"{type(error).__name__}: {str(error)[:160]}"
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                    if row == "sdpa":
+                        base = cell
+                    if base and "call_ms" in cell and "call_ms" in base:
+                        cell["speedup_call"] = base["call_ms"] / cell["call_ms"]
+                        cell["speedup_stream"] = base["stream_ms"] / cell["stream_ms"]
+                        if device.type == "cuda":
+                            cell["memory_ratio"] = cell["peak_mb"] / max(base["peak_mb"], 1e-9)
+                    rows.append(cell)
+                    print(_line(cell), flush=True)
+    return rows
+
+
+def _line(cell: dict) -> str:
+    head = f"{cell['dtype']:>8} {cell['mode']:>7} n={cell['n']:>6} {cell['row']:<22}"
+    if "error" in cell:
+        return f"{head} {cell['error']}"
+    return (
+        f"{head} call {cell['call_ms']:8.3f} ms ({cell.get('speedup_call', 1):6.2f}x)  "
+        f"stream {cell['stream_ms']:8.3f} ms ({cell.get('speedup_stream', 1):6.2f}x)  "
+        f"peak {cell['peak_mb']:8.1f} MB"
+    )
+
+
+def profile(torch, device, path: str, mode: str, n: int) -> str:
+    """One call under the torch profiler: kernels launched, their GPU time, the top ones."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    fn = build(torch, device, f"nystrom-{path}", n, dtype, train=mode == "train")
+    for _ in range(3):
+        fn()
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch_profile(activities=activities) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    kernels = [
+        e
+        for e in events
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")
+    ]
+    launched = sum(e.count for e in kernels)
+    gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in kernels)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    head = (
+        f"nystrom-{path} {mode}, n = {n}, {dtype}: {launched} kernels launched, "
+        f"{gpu_us:.0f} us of GPU time in kernels\n\n"
+    )
+    print(head.strip(), flush=True)
+    return head + events.table(sort_by=sort, row_limit=25)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    fields: list[str] = []
+    for row in rows:
+        fields += [key for key in row if key not in fields]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def summary(rows: list[dict]) -> str:
+    """The short table printed last: speed-up over SDPA per cell, call and stream timing."""
+    lines = ["", "speed-up over SDPA (call / stream), peak memory / SDPA's"]
+    for row in rows:
+        if row["row"] == "sdpa" or "speedup_call" not in row:
+            continue
+        memory = f"{row['memory_ratio']:.2f}" if "memory_ratio" in row else "-"
+        lines.append(
+            f"{row['dtype']:>8} {row['mode']:>7} n={row['n']:>6} {row['row']:<22} "
+            f"{row['speedup_call']:6.2f}x / {row['speedup_stream']:6.2f}x  mem {memory}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
