@@ -203,3 +203,101 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         assert error < (2e-5 if dtype == "float32" else 3e-2), (dtype, path, error)
     for path, mode in [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
+
+
+HYBRID_CASES = [
+    (200, {}, False),
+    (150, {"window": 17, "num_landmarks": 8, "heavy_keys": 5}, True),
+    (300, {"heavy_keys": 0}, True),
+    (130, {"window": 129, "num_landmarks": 24, "heavy_keys": 40}, False),
+]
+
+
+def hybrid(options: dict):
+    return build_attention({"name": "nystrom_local", **options})
+
+
+def both_paths(monkeypatch, core, q, k, v, mask, gpu_first: bool = True):
+    """(GPU path, torch path) outputs of ``core`` at inference."""
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", on)
+        monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", on)
+        with torch.no_grad():
+            results.append(core(q, k, v, mask))
+    return results
+
+
+@pytest.mark.parametrize("n, options, padded", HYBRID_CASES)
+def test_hybrid_kernel_equals_the_torch_path_in_float64(monkeypatch, n, options, padded) -> None:
+    q, k, v = qkv(2, 3, n, 24, seed=n)
+    mask = None
+    if padded:
+        mask = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
+        mask[1, n - 37 :] = False
+    core = hybrid(options)
+    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    assert nystrom_gpu.hybrid_applies(q, v, core.num_landmarks, core.heavy_keys)
+    got, want = both_paths(monkeypatch, core, q, k, v, mask)
+    assert relative(got, want) < 1e-12
+    if padded:  # pads never count
+        junk = [x.clone() for x in (q, k, v)]
+        for x in junk:
+            x[1, :, n - 37 :] = 50.0
+        again, _ = both_paths(monkeypatch, core, *junk, mask)
+        assert torch.allclose(again[1, :, : n - 37], got[1, :, : n - 37], atol=1e-12)
+
+
+def test_hybrid_kernel_gates_like_the_torch_path(monkeypatch) -> None:
+    # Queries whose Nyström estimate of the mass outside their exact support is not positive
+    # keep the exact part alone. Random inputs never trigger it, so the shared parts of one
+    # head are altered (30% of the low-rank mass: some queries gated, some not) on both paths alike.
+    from nyscli.attention.nystrom_local import per_query
+
+    q, k, v = qkv(1, 2, 200, 24, seed=3)
+    core = hybrid({})
+    parts_of, weights_of = core.parts, core._weights
+    gate_on = []
+
+    def less_mass(*args):
+        parts = parts_of(*args)
+        parts.b_mass[:, 0] *= 0.3
+        return parts
+
+    def weights(p, windows, parts, key_ok, band, e_heavy):  # the torch path's gate, recorded
+        k_heavy = per_query(p, parts.heavy_b) * parts.heavy_real
+        band_mass = (p * (windows @ parts.shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
+        outside = per_query(p, parts.b_mass) - band_mass[..., None] - k_heavy.sum(-1, True)
+        gate_on.append((outside > 0).flatten(2).double().mean(dim=(0, 2)))
+        return weights_of(p, windows, parts, key_ok, band, e_heavy)
+
+    monkeypatch.setattr(core, "parts", less_mass)
+    monkeypatch.setattr(core, "_weights", weights)
+    got, want = both_paths(monkeypatch, core, q, k, v, None)
+    assert relative(got, want) < 1e-12
+    altered, untouched = torch.stack(gate_on).mean(dim=0).tolist()
+    assert 0.05 < altered < 0.95 and untouched == 1.0, (altered, untouched)
+
+
+def test_hybrid_kernel_under_autocast_and_in_float32(monkeypatch) -> None:
+    q, k, v = (x.float() for x in qkv(2, 2, 256, 64, seed=11))
+    core = hybrid({})
+    exact = core(q.double(), k.double(), v.double())
+    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    with torch.no_grad():
+        fp32 = core(q, k, v)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            bf16 = core(q, k, v)
+    assert fp32.dtype == torch.float32 and relative(fp32, exact) < 1e-5
+    # bf16 band and weights, shared parts in the inputs' float32: a bf16-sized error.
+    assert bf16.dtype == torch.bfloat16 and relative(bf16, exact) < 1e-2
+
+
+def test_hybrid_training_keeps_the_torch_path(monkeypatch) -> None:
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 150, 16, seed=2))
+    core = hybrid({"window": 17, "num_landmarks": 8, "heavy_keys": 5})
+    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    out = core(q, k, v)
+    out.sum().backward()  # the kernel has no backward: a training call must not reach it
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert relative(out.detach(), both_paths(monkeypatch, core, q, k, v, None)[1]) < 1e-12

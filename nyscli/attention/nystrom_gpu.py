@@ -173,3 +173,69 @@ def landmark_weights(
     bv's dtype; differentiable in q~, k~ and bv. Requires ``applies`` (d_v = d).
     """
     return _forward_op(q_land, k_land, bv, exists, iterations)
+
+
+# The hybrid's heavy keys share a register tile with the landmarks' scores.
+MAX_HEAVY_KEYS = 64
+HYBRID_BLOCK = 64  # queries per program, and keys per band tile
+
+
+def hybrid_applies(q: Tensor, v: Tensor, m: int, g: int) -> bool:
+    """Whether ``hybrid_forward`` serves the Nyström-local hybrid with m landmarks and g heavy
+    keys for q: (B, H, n, d), v: (B, H, n, d_v) here (inference only: no backward)."""
+    return applies(q, v, m) and g <= MAX_HEAVY_KEYS
+
+
+def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> Tensor:
+    """The hybrid's output (B, H, n, d) from q, k, v (B, H, n, d) and the parts every query
+    block shares (``nystrom_local.Parts``: Z, B', B' 1, heavy keys, [heavy; k~] keys and
+    [heavy; B' V] values, the keys the band may score); the band |i - j| <= radius.
+
+    Under autocast q, k, v are cast to its dtype first (as SDPA would); bf16/fp16 inputs score
+    and weigh on the tensor cores, with float32 sums; everything else is float32 (float64 for
+    float64 inputs).
+    """
+    import triton.language as tl
+
+    from nyscli.attention.nystrom_local_kernels import hybrid_forward as kernel
+
+    if torch.is_autocast_enabled(q.device.type):
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+    b, h, n, d = q.shape
+    m, g = parts.z.shape[-1], parts.heavy_b.shape[-1]
+    low = q.dtype in (torch.bfloat16, torch.float16)
+    dtype = _compute_dtype(q)
+    flat = [x.contiguous() for x in (q, k, v)]
+    small_k, small_v = (x.to(q.dtype).contiguous() for x in (parts.small_k, parts.small_v))
+    out = torch.empty_like(flat[2])
+    grid = (b * h, -(-n // HYBRID_BLOCK))
+    kernel[grid](
+        *flat,
+        parts.band_keys.reshape(b * h, n).contiguous(),
+        parts.b_kernel.contiguous(),
+        parts.z.contiguous(),
+        small_k,
+        small_v,
+        parts.heavy_b.contiguous(),
+        parts.heavy_real.reshape(b * h, g).contiguous(),
+        parts.b_mass.reshape(b * h, m).contiguous(),
+        out,
+        n,
+        radius,
+        m,
+        g,
+        d,
+        1.0 / math.sqrt(d),
+        torch.finfo(dtype).tiny,
+        BQ=HYBRID_BLOCK,
+        BK=HYBRID_BLOCK,
+        BM=_block(m),
+        BG=_block(max(g, 1)),
+        BD=_block(d),
+        LOW=low,
+        NATIVE=not interpreting(),
+        DT=tl.float64 if dtype == torch.float64 else tl.float32,
+        num_warps=4,
+    )
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nyscli.attention import nystrom_gpu
 from nyscli.attention.chunking import by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
@@ -217,6 +218,16 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
+        if not backward_follows(q, k, v) and nystrom_gpu.hybrid_applies(
+            q, v, self.num_landmarks, self.heavy_keys
+        ):
+            # On a GPU, inference: the band, heavy keys and landmarks of a block of queries in
+            # one program (no band-sized temporaries, no chunks); the shared parts as above.
+            # The shared parts in the inputs' own dtype (fp32 under autocast: in bf16 they
+            # alone made the output's error ~10x larger); the band in autocast's.
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                parts = self.parts(q, k, v, mask, band)
+            return nystrom_gpu.hybrid_forward(q, k, v, parts, band.radius)
         per_head = band.n_blocks * band.block * band.span  # band entries of one sequence's head
         whole = q.shape[0] * q.shape[1] * per_head
         chunk_entries, small_band = chunk_sizes(q.device)
@@ -291,6 +302,20 @@ class NystromLocalAttention(Core):
         stay near ``chunk_entries`` whatever n; the rest is O(n (m + g)). The result is
         written into ``out`` (B, H, n, d) if given, and returned."""
         b, h, n, d = q.shape
+        parts = self.parts(q, k, v, mask, band)
+        out = v.new_empty(b, h, n, v.shape[-1]) if out is None else out
+        step = max(1, chunk_entries // (b * h * band.block * band.span))
+        for first in range(0, band.n_blocks, step):
+            stop = min(first + step, band.n_blocks)
+            rows = self.chunk(q, k, v, band, first, stop, parts)
+            start = first * band.block
+            rows = rows.flatten(2, 3)[:, :, : min(stop * band.block, n) - start]
+            out[:, :, start : start + rows.shape[2]] = rows
+        return out
+
+    def parts(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band) -> Parts:
+        """What every query block shares (``Parts``), O(n (m + g)) for q, k, v (B, H, n, d)."""
+        b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
         k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
         index, heavy_real = self.heavy(b_kernel, real)
@@ -299,7 +324,7 @@ class NystromLocalAttention(Core):
         band_keys = real.to(q.dtype)[:, None, :].expand(b, h, n).scatter(2, index, 0.0)
         reach = band.reach(device=q.device)  # (block, span)
         # Heavy keys and landmarks side by side: one product scores both, one weighs both.
-        parts = Parts(
+        return Parts(
             z=z,
             b_kernel=b_kernel,
             b_mass=b_kernel.sum(dim=-1)[..., None],  # (B, H, m, 1): K~ 1 = p @ b_mass
@@ -312,15 +337,6 @@ class NystromLocalAttention(Core):
             shape=reach.to(q.dtype),
             shape_bias=to_bias(reach, q.dtype),
         )
-        out = v.new_empty(b, h, n, v.shape[-1]) if out is None else out
-        step = max(1, chunk_entries // (b * h * band.block * band.span))
-        for first in range(0, band.n_blocks, step):
-            stop = min(first + step, band.n_blocks)
-            rows = self.chunk(q, k, v, band, first, stop, parts)
-            start = first * band.block
-            rows = rows.flatten(2, 3)[:, :, : min(stop * band.block, n) - start]
-            out[:, :, start : start + rows.shape[2]] = rows
-        return out
 
     def chunk(
         self,
