@@ -1,4 +1,5 @@
-"""scripts/gpu_run at toy size on the CPU: the GPU run's path (bench, chunked LRA, results file)."""
+"""scripts/gpu_run at toy size on the CPU: the GPU run's path (bench, peers, chunked LRA, results
+file)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def test_the_gpu_script_at_toy_size_benches_trains_in_resumed_chunks_and_reports
     assert float(cell[1]) == round(nystrom, 2)
     assert float(cell[2]) == round(sdpa / nystrom, 2)
 
+    # The peers stage ran to the end (scripts/gpu_peers.py, tests/test_gpu_peers.py) and its
+    # tables are in the report.
+    assert (out / "peers" / "complete").is_file()
+    assert "### Nyström peers (scripts/gpu_peers.py)" in report
+    assert "#### peers bf16 fwd+bwd" in report and "| hf | " in report
+
     # The LRA cell ran in two chunks, the second resuming the first, to the planned 6 steps.
     cell_dir = out / "lra" / "listops-nystrom"
     assert (cell_dir / "chunk-1" / "resumed_from.txt").read_text().strip() == str(
@@ -63,7 +70,8 @@ def test_a_cell_stopped_by_its_time_budget_is_reported_without_a_test_score(tmp_
         writer.writeheader()
         writer.writerow(row)
     args = [sys.executable, str(SCRIPT), str(tmp_path / "gpu"), "--toy"]
-    done = subprocess.run(args + ["--skip", "bench,listops,text"], capture_output=True, text=True)
+    skip = ["--skip", "bench,peers,listops,text"]
+    done = subprocess.run(args + skip, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     report = (tmp_path / "gpu" / "gpu_results.md").read_text()
     cells = "| text-nystrom | 1 | stopped at step 10523 | 10523 / 20000 | — | 50.00 | 50.00 | 64.35"

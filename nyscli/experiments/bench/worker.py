@@ -64,6 +64,20 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
         shape = (b, heads, n, hidden // heads)
         inputs = [torch.randn(shape, device=device, requires_grad=train) for _ in range(3)]
     model.train(train)
+    return timed_call(model, inputs, train, dtype, device, list(model.parameters()))
+
+
+def timed_call(
+    model: Callable[..., torch.Tensor],
+    inputs: list[torch.Tensor],
+    train: bool,
+    dtype: torch.dtype,
+    device: torch.device,
+    parameters: list[torch.Tensor],
+) -> Callable[[], object]:
+    """``model(*inputs)`` under autocast to ``dtype`` (none in fp32) as the call a bench times:
+    in inference mode, or (``train``) forward then backward from a fixed random gradient, the
+    inputs' and ``parameters``' gradients cleared after each call."""
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     upstream: list[torch.Tensor] = []
 
@@ -78,7 +92,7 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
         if not upstream:
             upstream.append(torch.randn_like(out))
         out.backward(upstream[0])
-        for tensor in [*inputs, *model.parameters()]:
+        for tensor in [*inputs, *parameters]:
             tensor.grad = None
 
     def inference() -> torch.Tensor:
