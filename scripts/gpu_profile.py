@@ -8,12 +8,13 @@ For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md sa
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
 3. Times (median ms) and peak memory over SDPA, for bf16 and fp32, forward and forward +
-   backward, batch 1, 12 heads of 64, m = 64: ``sdpa``, ``nystrom-torch`` (the landmark side
-   as torch ops: what every GPU run used so far), ``nystrom-triton`` (this checkout's path) and,
-   forward only, ``nystrom-triton-graph`` (the same call captured once in a CUDA graph and
-   replayed: what is left when launches cost nothing). Two timings per cell: ``call_ms``, one
-   call from an idle GPU as ``nys bench`` times it (launch-bound when the work is small), and
-   ``stream_ms``, the mean of calls queued back to back (the GPU's own time, once the CPU
+   backward, batch 1, 12 heads of 64: ``sdpa``; Nyström-64 as ``nystrom-torch`` (the landmark
+   side as torch ops, what every GPU run used so far) and ``nystrom-triton`` (this checkout's
+   path); forward only, ``nystrom-triton-graph`` (that call captured once in a CUDA graph and
+   replayed: what is left when launches cost nothing) and the Nyström-local hybrid at budget
+   128 on both paths (``hybrid-torch``, ``hybrid-triton``). Two timings per cell: ``call_ms``,
+   one call from an idle GPU as ``nys bench`` times it (launch-bound when the work is small),
+   and ``stream_ms``, the mean of calls queued back to back (the GPU's own time, once the CPU
    keeps ahead of it).
 4. The torch profiler over one forward and one forward + backward at n = 8,192 (bf16) for both
    Nyström paths: kernels launched, GPU time in kernels, the top kernels (OUT/profile-*.txt).
@@ -41,7 +42,14 @@ sys.path.insert(0, str(ROOT))  # this checkout's nyscli, installed or not (a len
 HEADS, HEAD_DIM, LANDMARKS = 12, 64, 64
 LENS = [1024, 2048, 4096, 8192, 16384, 65536]
 PROFILE_LEN = 8192
-ROWS = ("sdpa", "nystrom-torch", "nystrom-triton", "nystrom-triton-graph")
+ROWS = (
+    "sdpa",
+    "nystrom-torch",
+    "nystrom-triton",
+    "nystrom-triton-graph",
+    "hybrid-torch",
+    "hybrid-triton",
+)
 
 
 def parse() -> argparse.Namespace:
@@ -117,7 +125,9 @@ def core(torch, path: str):
 
     if path == "sdpa":
         return build_attention({"name": "softmax"})
-    nystrom_gpu.HAS_TRITON = path.startswith("nystrom-triton") and _triton_found()
+    nystrom_gpu.HAS_TRITON = "-triton" in path and _triton_found()
+    if path.startswith("hybrid"):
+        return build_attention({"name": "nystrom_local"})  # budget 128: w 65, m 16, g 32
     return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})
 
 
@@ -203,6 +213,8 @@ def timer(torch, device) -> tuple[Callable, Callable]:
 def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], object] | None:
     """The timed call of one cell (None: the row has no such cell)."""
     if row.endswith("graph") and (train or device.type != "cuda"):
+        return None
+    if row.startswith("hybrid") and train:  # the hybrid's kernel serves inference only
         return None
     attention = core(torch, row)
     q, k, v = inputs(torch, device, n, dtype, grad=train)
