@@ -73,7 +73,7 @@ def main() -> None:
     if args.toy:
         from nyscli.attention.nystrom import NystromAttention
 
-        nystrom_gpu.ON_CPU_FOR_TESTS = True
+        nystrom_gpu.TESTING = True
         NystromAttention.fused_cpu_backward = False  # else CPU training skips both paths
     device = torch.device("cpu" if args.toy else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -16,10 +16,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture
 def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a GPU, let the GPU path serve CPU tensors (in Triton's interpreter)."""
+    """Let the GPU path serve the tests' tensors: float64 on a GPU, or without one CPU
+    tensors (in Triton's interpreter)."""
     if DEVICE == "cpu":
         assert nystrom_gpu.interpreting(), "conftest.py switches the interpreter on"
-        monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
 
 
 def landmarks(
@@ -115,7 +116,7 @@ def test_core_on_the_gpu_path_equals_the_torch_path(monkeypatch, n, m, padded) -
         mask[2, m - 3 :] = False  # at most m real tokens: exact attention, on either path
     core = NystromAttention(num_landmarks=m)
     core.fused_cpu_backward = False  # CPU training would take its own fused path
-    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
     assert core.uses_triton(q, v)
     got = forward_backward(core, q, k, v, mask)
     monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", False)  # the torch ops, on any device
@@ -222,7 +223,7 @@ def both_paths(monkeypatch, core, q, k, v, mask, gpu_first: bool = True):
     """(GPU path, torch path) outputs of ``core`` at inference."""
     results = []
     for on in (True, False):
-        monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", on)
+        monkeypatch.setattr(nystrom_gpu, "TESTING", on)
         monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", on)
         with torch.no_grad():
             results.append(core(q, k, v, mask))
@@ -237,7 +238,7 @@ def test_hybrid_kernel_equals_the_torch_path_in_float64(monkeypatch, n, options,
         mask = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
         mask[1, n - 37 :] = False
     core = hybrid(options)
-    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
     assert nystrom_gpu.hybrid_applies(q, v, core.num_landmarks, core.heavy_keys)
     got, want = both_paths(monkeypatch, core, q, k, v, mask)
     assert relative(got, want) < 1e-12
@@ -284,7 +285,7 @@ def test_hybrid_kernel_under_autocast_and_in_float32(monkeypatch) -> None:
     q, k, v = (x.float() for x in qkv(2, 2, 256, 64, seed=11))
     core = hybrid({})
     exact = core(q.double(), k.double(), v.double())
-    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
     with torch.no_grad():
         fp32 = core(q, k, v)
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
@@ -297,7 +298,7 @@ def test_hybrid_kernel_under_autocast_and_in_float32(monkeypatch) -> None:
 def test_hybrid_training_keeps_the_torch_path(monkeypatch) -> None:
     q, k, v = (x.requires_grad_() for x in qkv(1, 2, 150, 16, seed=2))
     core = hybrid({"window": 17, "num_landmarks": 8, "heavy_keys": 5})
-    monkeypatch.setattr(nystrom_gpu, "ON_CPU_FOR_TESTS", True)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
     out = core(q, k, v)
     out.sum().backward()  # the kernel has no backward: a training call must not reach it
     assert q.grad is not None and torch.isfinite(q.grad).all()

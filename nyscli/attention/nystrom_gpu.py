@@ -38,15 +38,17 @@ def interpreting() -> bool:
 
 # Found, not imported: importing triton takes about a second that CPU runs need not pay.
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-# CPU tensors take the kernels only where a test sets this (under the interpreter); users'
-# CPU runs keep the CPU path, whatever their environment says.
-ON_CPU_FOR_TESTS = False
+# Set by tests only: CPU tensors then take the kernels (under the interpreter), and float64
+# on a GPU too. Users' CPU runs keep the CPU path whatever their environment says, and
+# float64 on a GPU (a reference) keeps the torch path.
+TESTING = False
 
 
 def applies(q: Tensor, v: Tensor, m: int) -> bool:
     """Whether the kernels serve m landmarks of q: (B, H, n, d), v: (B, H, n, d_v) here."""
     d = q.shape[-1]
-    device_ok = q.is_cuda or (ON_CPU_FOR_TESTS and interpreting() and q.device.type == "cpu")
+    cuda_ok = q.is_cuda and (q.dtype != torch.float64 or TESTING)
+    device_ok = cuda_ok or (TESTING and interpreting() and q.device.type == "cpu")
     return (
         device_ok
         and m <= MAX_LANDMARKS
