@@ -93,6 +93,18 @@ def test_low_precision_inputs_compute_in_float32(interpret, dtype, bound) -> Non
     assert relative(w, ref) < bound
 
 
+def test_core_under_autocast_keeps_the_landmark_side_in_float32(interpret) -> None:
+    # bench's bf16 rows: fp32 inputs under autocast. The custom op is not autocast: the
+    # landmarks arrive in fp32 and W leaves in Bk V's bf16, as the torch path's W does.
+    q, k, v = (x.float() for x in qkv(2, 2, 256, 64, seed=4))
+    core = NystromAttention(num_landmarks=64)
+    reference = core(q.double(), k.double(), v.double())
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert core.uses_triton(q, v)
+        out = core(q, k, v)
+    assert out.dtype == torch.bfloat16 and relative(out, reference) < 1e-2
+
+
 def qkv(b: int, h: int, n: int, d: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shape = (b, h, n, d)

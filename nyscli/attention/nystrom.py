@@ -268,8 +268,8 @@ class NystromAttention(Core):
         if exists is not None:
             bv = bv * exists[:, None, :, None].to(bv.dtype)
         if self.uses_triton(k, v):
-            with torch.autocast(device_type=q_land.device.type, enabled=False):
-                w = nystrom_gpu.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
+            # fp32 inside whatever the dtypes (a custom op: autocast leaves it alone).
+            w = nystrom_gpu.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
             return w.to(v.dtype)
         a = self.landmark_kernel(q_land, k_land, exists)
         with torch.autocast(device_type=q_land.device.type, enabled=False):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from functools import cache
 from typing import Any
 
 import torch
@@ -47,8 +48,10 @@ TESTING = False
 def applies(q: Tensor, v: Tensor, m: int) -> bool:
     """Whether the kernels serve m landmarks of q: (B, H, n, d), v: (B, H, n, d_v) here."""
     d = q.shape[-1]
-    cuda_ok = q.is_cuda and (q.dtype != torch.float64 or TESTING)
-    device_ok = cuda_ok or (TESTING and interpreting() and q.device.type == "cpu")
+    if q.is_cuda:
+        device_ok = q.dtype != torch.float64 or TESTING
+    else:
+        device_ok = TESTING and interpreting() and q.device.type == "cpu"
     return (
         device_ok
         and m <= MAX_LANDMARKS
@@ -69,10 +72,17 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
+    h, m, d = q_land.shape[1:]
+    return _launch_constants(h, m, d, q_land.dtype == torch.float64, exists is not None)
+
+
+@cache
+def _launch_constants(h: int, m: int, d: int, wide: bool, has_e: bool) -> dict[str, Any]:
+    """The kernels' arguments besides tensors, per shape (cached: at small n a call's time is
+    its Python)."""
     import triton.language as tl
 
-    b, h, m, d = q_land.shape
-    dtype = _compute_dtype(q_land)
+    dtype = torch.float64 if wide else torch.float32
     return {
         "heads": h,
         "scale": 1.0 / math.sqrt(d),
@@ -81,8 +91,8 @@ def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
         "D": d,
         "BM": _block(m),
         "BD": _block(d),
-        "HAS_E": exists is not None,
-        "DT": tl.float64 if dtype == torch.float64 else tl.float32,
+        "HAS_E": has_e,
+        "DT": tl.float64 if wide else tl.float32,
         "num_warps": 8 if _block(m) >= 64 else 4,
     }
 
