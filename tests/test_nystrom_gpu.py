@@ -219,6 +219,20 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
 
 
+@pytest.mark.parametrize("m", [16, 40])
+def test_pinv_kernel_equals_the_iterative_pinv(interpret, m) -> None:
+    from nyscli.attention.pinv import iterative_pinv
+
+    g = torch.Generator().manual_seed(m)
+    a = torch.rand(2, 3, m, m, generator=g, dtype=torch.float64).exp().to(DEVICE)
+    a[1, 2, :, m - 3 :] = 0  # empty landmarks: zero rows and columns
+    a[1, 2, m - 3 :, :] = 0
+    want = iterative_pinv(a, 6)
+    assert relative(nystrom_gpu.iterative_pinv(a, 6), want) < 1e-12
+    got32 = nystrom_gpu.iterative_pinv(a.float(), 6)
+    assert got32.dtype == torch.float32 and relative(got32, want) < 1e-4
+
+
 HYBRID_CASES = [
     (200, {}, False),
     (150, {"window": 17, "num_landmarks": 8, "heavy_keys": 5}, True),
@@ -273,8 +287,8 @@ def test_hybrid_kernel_gates_like_the_torch_path(monkeypatch) -> None:
     parts_of, weights_of = core.parts, core._weights
     gate_on = []
 
-    def less_mass(*args):
-        parts = parts_of(*args)
+    def less_mass(*args, **kwargs):
+        parts = parts_of(*args, **kwargs)
         parts.b_mass[:, 0] *= 0.3
         return parts
 

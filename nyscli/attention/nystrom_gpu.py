@@ -187,6 +187,29 @@ def landmark_weights(
     return _forward_op(q_land, k_land, bv, exists, iterations)
 
 
+def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
+    """``pinv.iterative_pinv(a, iterations)`` (per-matrix start) for a: (..., m, m), m <=
+    MAX_LANDMARKS, in one program per matrix: in fp32 (fp64 for fp64), no autograd."""
+    from nyscli.attention.nystrom_kernels import pinv as kernel
+
+    m = a.shape[-1]
+    dtype = _compute_dtype(a)
+    a = a.to(dtype).contiguous()
+    z = torch.empty_like(a)
+    constants = _launch_constants(1, m, 1, dtype == torch.float64, False)
+    kernel[(a.numel() // (m * m),)](
+        a,
+        z,
+        constants["tiny"],
+        m,
+        BM=constants["BM"],
+        ITERS=iterations,
+        DT=constants["DT"],
+        num_warps=constants["num_warps"],
+    )
+    return z
+
+
 # The hybrid's heavy keys share a register tile with the landmarks' scores.
 MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile

@@ -184,3 +184,18 @@ def backward(
     gs = tl.where(real[None, :], gs, 0.0) * scale
     tl.store(gql_ptr + offs, tl.dot(gs, kl, input_precision="ieee"), mask=tile)
     tl.store(gkl_ptr + offs, tl.dot(tl.trans(gs), ql, input_precision="ieee"), mask=tile)
+
+
+@triton.jit
+def pinv(a_ptr, z_ptr, tiny, M, BM: tl.constexpr, ITERS: tl.constexpr, DT: tl.constexpr):
+    """Z = the iterative pinv of one (M, M) matrix per program (the per-matrix start)."""
+    head = tl.program_id(0)
+    idx = tl.arange(0, BM)
+    square = (idx[:, None] < M) & (idx[None, :] < M)
+    offs = head * M * M + idx[:, None] * M + idx[None, :]
+    a = tl.load(a_ptr + offs, mask=square, other=0.0).to(DT)
+    z, _, _, _ = start(a, tiny)
+    eye = (idx[:, None] == idx[None, :]).to(DT)
+    for _ in tl.static_range(ITERS):
+        z = newton_step(a, z, eye)
+    tl.store(z_ptr + offs, z.to(z_ptr.dtype.element_ty), mask=square)

@@ -226,7 +226,7 @@ class NystromLocalAttention(Core):
             # The shared parts in the inputs' own dtype (fp32 under autocast: in bf16 they
             # alone made the output's error ~10x larger); the band in autocast's.
             with torch.autocast(device_type=q.device.type, enabled=False):
-                parts = self.parts(q, k, v, mask, band)
+                parts = self.parts(q, k, v, mask, band, gpu=True)
             return nystrom_gpu.hybrid_forward(q, k, v, parts, band.radius)
         per_head = band.n_blocks * band.block * band.span  # band entries of one sequence's head
         whole = q.shape[0] * q.shape[1] * per_head
@@ -252,7 +252,7 @@ class NystromLocalAttention(Core):
         return in_head_groups(core, q, k, v, mask, entries, budget=2 * chunk_entries, out=out)
 
     def landmark_side(
-        self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor
+        self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor, gpu: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
         """k~ (B, H, m, d), Z = pinv(A') (B, H, m, m) in fp32 or wider, and B' (B, H, m, n).
 
@@ -272,6 +272,8 @@ class NystromLocalAttention(Core):
             rows = exists[:, None, :, None].to(a_kernel.dtype)
             a_kernel = a_kernel * rows * rows.transpose(-1, -2)
             b_kernel = b_kernel * rows
+        if gpu:  # one program per matrix instead of ~60 launches
+            return k_land, nystrom_gpu.iterative_pinv(a_kernel, self.pinv_iterations), b_kernel
         with torch.autocast(device_type=q.device.type, enabled=False):
             z = iterative_pinv(a_kernel, self.pinv_iterations)
         return k_land, z, b_kernel
@@ -313,11 +315,14 @@ class NystromLocalAttention(Core):
             out[:, :, start : start + rows.shape[2]] = rows
         return out
 
-    def parts(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band) -> Parts:
-        """What every query block shares (``Parts``), O(n (m + g)) for q, k, v (B, H, n, d)."""
+    def parts(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, gpu: bool = False
+    ) -> Parts:
+        """What every query block shares (``Parts``), O(n (m + g)) for q, k, v (B, H, n, d);
+        ``gpu``: the pseudo-inverse by ``nystrom_gpu`` (no autograd)."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
-        k_land, z, b_kernel = self.landmark_side(q, k, mask, real)
+        k_land, z, b_kernel = self.landmark_side(q, k, mask, real, gpu)
         index, heavy_real = self.heavy(b_kernel, real)
         heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))  # (B, H, g, d)
         heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
