@@ -2,6 +2,7 @@
 """Where one training step of the paper's LRA model spends its time (issue 32, point 1).
 
     .venv/bin/python scripts/profile_step.py --task listops --attention nystrom [--threads 2]
+        [--device cuda] [--compile]
 
 The model of ``nys lra`` (conf/model/lra.yaml: 2 pre-LN blocks, width 64, 2 heads, FFN 128,
 dropout 0.1; Nyström-64 with its conv skip 35) on one batch of 32 full-length sequences, one
@@ -53,8 +54,8 @@ def attention_config(name: str, conv: bool) -> dict:
     return {"name": name}
 
 
-def make_step(task: str, attention: str, variant: str) -> Callable[[], None]:
-    """One training step of ``variant`` on a fixed random batch (seeded)."""
+def make_step(task: str, attention: str, variant: str, device: str) -> Callable[[], None]:
+    """One training step of ``variant`` on a fixed random batch (seeded), on ``device``."""
     spec = TASKS[task]
     torch.manual_seed(0)
     model = build_classifier(
@@ -67,15 +68,15 @@ def make_step(task: str, attention: str, variant: str) -> Callable[[], None]:
             "pooling": spec["pooling"],
         },
         attention=attention_config(attention, conv=variant != "no conv skip"),
-    )
+    ).to(device)
     if variant == "no attention core":
         for block in model.encoder.blocks:
             block.attention.core = ValuesOnly()
     optimizer = build_optimizer(model, 1e-4)
     forward = torch.compile(model) if variant == "compiled" else model
-    ids = torch.randint(1, spec["vocab"], (BATCH, spec["n"]))
-    mask = torch.ones(BATCH, spec["n"], dtype=torch.bool)
-    labels = torch.randint(0, spec["classes"], (BATCH,))
+    ids = torch.randint(1, spec["vocab"], (BATCH, spec["n"]), device=device)
+    mask = torch.ones(BATCH, spec["n"], dtype=torch.bool, device=device)
+    labels = torch.randint(0, spec["classes"], (BATCH,), device=device)
 
     def step() -> None:
         if variant == "forward only":
@@ -116,15 +117,23 @@ FLOP_FIXES = {
 }
 
 
+def synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(call: Callable[[], None]) -> float:
+    """Seconds ``call()`` takes, with the GPU work it queued (synchronised on CUDA)."""
+    synchronize()
     start = time.perf_counter()
     call()
+    synchronize()
     return time.perf_counter() - start
 
 
-def matmul_rate() -> float:
-    """This machine's float32 matrix-product rate (FLOP/s), best of 5 products of 2048^3."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def matmul_rate(device: str) -> float:
+    """The device's float32 matrix-product rate (FLOP/s), best of 5 products of 2048^3."""
+    a, b = (torch.randn(2048, 2048, device=device) for _ in range(2))
     a @ b
     return 2 * 2048**3 / min(timed(lambda: a @ b) for _ in range(5))
 
@@ -148,6 +157,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile's step")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (fp32, as nys lra trains)")
     opts = parser.parse_args()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -156,7 +166,7 @@ def main() -> None:
         variants.insert(2, "no conv skip")
     if opts.compile:
         variants.append("compiled")
-    steps = {v: make_step(opts.task, opts.attention, v) for v in variants}
+    steps = {v: make_step(opts.task, opts.attention, v, opts.device) for v in variants}
     for v, step in steps.items():  # warm-up: allocator, first-call kernels, compiling
         warm = timed(step)
         if v == "compiled":
@@ -177,7 +187,7 @@ def main() -> None:
     tokens = BATCH * TASKS[opts.task]["n"]
     print(
         f"{opts.task} n={TASKS[opts.task]['n']}, {opts.attention}, batch {BATCH}, "
-        f"{torch.get_num_threads()} threads, {opts.repeats} rounds"
+        f"{opts.device}, {torch.get_num_threads()} threads, {opts.repeats} rounds"
     )
     print(
         f"full step {1000 * full:.0f} ms ({tokens / full:,.0f} tokens/s); forward alone "
@@ -195,7 +205,7 @@ def main() -> None:
     )
     with FlopCounterMode(display=False, custom_mapping=FLOP_FIXES) as counter:
         steps["no optimizer"]()
-    flops, rate = counter.get_total_flops(), matmul_rate()
+    flops, rate = counter.get_total_flops(), matmul_rate(opts.device)
     print(
         f"arithmetic: {flops / 1e9:.1f} GFLOP a step (matrix products), machine float32 "
         f"rate {rate / 1e9:.0f} GFLOP/s -> floor {1000 * flops / rate:.0f} ms; "
