@@ -210,6 +210,7 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
+HALF = (torch.bfloat16, torch.float16)
 # The hybrid's heavy keys share a register tile with the landmarks' scores.
 MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile
@@ -226,32 +227,33 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
     block shares (``nystrom_local.Parts``: Z, B', B' 1, heavy keys, [heavy; k~] keys and
     [heavy; B' V] values, the keys the band may score); the band |i - j| <= radius.
 
-    Under autocast q, k, v are cast to its dtype first (as SDPA would); bf16/fp16 inputs score
-    and weigh on the tensor cores, with float32 sums; everything else is float32 (float64 for
-    float64 inputs).
+    Under autocast (or for bf16/fp16 inputs) the band's products run on the tensor cores in
+    that dtype with float32 sums, the tiles rounded as they are read (no cast copies of q, k,
+    v); the output is in that dtype. Everything else is float32 (float64 for float64 inputs).
     """
     import triton.language as tl
 
     from nyscli.attention.nystrom_local_kernels import hybrid_forward as kernel
 
-    if torch.is_autocast_enabled(q.device.type):
-        dtype = torch.get_autocast_dtype(q.device.type)
-        q, k, v = (x.to(dtype) for x in (q, k, v))
     b, h, n, d = q.shape
     m, g = parts.z.shape[-1], parts.heavy_b.shape[-1]
-    low = q.dtype in (torch.bfloat16, torch.float16)
     dtype = _compute_dtype(q)
-    flat = [x.contiguous() for x in (q, k, v)]
-    small_k, small_v = (x.to(q.dtype).contiguous() for x in (parts.small_k, parts.small_v))
-    out = torch.empty_like(flat[2])
+    operands = q.dtype if q.dtype in HALF else dtype
+    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        operands = torch.get_autocast_dtype(q.device.type)
+    tl_types = {torch.float64: tl.float64, torch.float32: tl.float32}
+    tl_types.update({torch.bfloat16: tl.bfloat16, torch.float16: tl.float16})
+    out = torch.empty(v.shape, dtype=operands if operands in HALF else v.dtype, device=v.device)
     grid = (b * h, -(-n // HYBRID_BLOCK))
     kernel[grid](
-        *flat,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
         parts.band_keys.reshape(b * h, n).contiguous(),
         parts.b_kernel.contiguous(),
         parts.z.contiguous(),
-        small_k,
-        small_v,
+        parts.small_k.contiguous(),
+        parts.small_v.contiguous(),
         parts.heavy_b.contiguous(),
         parts.heavy_real.reshape(b * h, g).contiguous(),
         parts.b_mass.reshape(b * h, m).contiguous(),
@@ -268,9 +270,9 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
         BM=_block(m),
         BG=_block(max(g, 1)),
         BD=_block(d),
-        LOW=low,
+        OP=tl_types[operands],
+        DT=tl_types[dtype],
         NATIVE=not interpreting(),
-        DT=tl.float64 if dtype == torch.float64 else tl.float32,
         num_warps=4,
     )
     return out

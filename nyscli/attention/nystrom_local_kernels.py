@@ -7,6 +7,10 @@ and ``_weights`` do; nothing of size n x (band) ever reaches memory. Shapes (con
 B*H heads first): q, k, v, out (BH, n, D); band_keys (BH, n): 1 where the band may score a
 key (real, not heavy); B' (BH, M, n); Z (BH, M, M); small keys / values (BH, G + M, D) (heavy
 keys first, then k~ / B' V); heavy B' (BH, M, G); heavy_real (BH, G); B' 1 (BH, M).
+
+Tiles are read in whatever dtype the tensors have; the products of q, k, v and the weights
+run with operands in OP (bf16/fp16 under autocast: the tensor cores, float32 sums) or, for
+float32/float64 work, in DT exactly. Everything else is DT.
 """
 
 import triton
@@ -16,12 +20,28 @@ EXP_FLOOR = -80.0  # as nystrom_local.EXP_FLOOR
 
 
 @triton.jit
-def low_dot(a, b, NATIVE: tl.constexpr):
-    """a @ b of bf16/fp16 tiles with float32 sums: on the tensor cores, or (Triton's
-    interpreter, whose half-precision dot is not right) the same products in float32."""
+def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
+    """x rounded to OP (to nearest, ties to even), in OP on a GPU; in Triton's interpreter,
+    whose bf16 cast truncates and whose half-precision dot is not right, the same values
+    held in float32."""
     if NATIVE:
-        return tl.dot(a, b)
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return x.to(OP)
+    if OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(OP).to(tl.float32)
+
+
+@triton.jit
+def mm(a, b, OP: tl.constexpr, DT: tl.constexpr, NATIVE: tl.constexpr):
+    """a @ b in DT, the operands rounded to OP first: half-precision operands go to the
+    tensor cores (float32 sums)."""
+    if OP == DT:
+        return tl.dot(a.to(DT), b.to(DT), input_precision="ieee")
+    if NATIVE:
+        return tl.dot(a.to(OP), b.to(OP)).to(DT)
+    return tl.dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE), input_precision="ieee").to(DT)
 
 
 @triton.jit
@@ -37,12 +57,12 @@ def band_scores(
     D,
     BK: tl.constexpr,
     BD: tl.constexpr,
-    LOW: tl.constexpr,
-    NATIVE: tl.constexpr,
+    OP: tl.constexpr,
     DT: tl.constexpr,
+    NATIVE: tl.constexpr,
 ):
-    """Scores of the queries ``rows`` (q: BQ x BD, already scaled) against keys j0..j0+BK-1,
-    -inf where the band does not count them; and the key indices."""
+    """Scores of the queries ``rows`` (q: BQ x BD, scaled, in OP) against keys j0..j0+BK-1,
+    -inf where the band does not count them; which count; the key indices; which exist."""
     cols = j0 + tl.arange(0, BK)
     dims = tl.arange(0, BD)
     inside = (cols >= 0) & (cols < n)
@@ -52,10 +72,7 @@ def band_scores(
         other=0.0,
     )
     ok = tl.load(keys_ptr + head * n + cols, mask=inside, other=0.0) > 0
-    if LOW:
-        s = low_dot(q, tl.trans(k), NATIVE).to(DT)
-    else:
-        s = tl.dot(q, tl.trans(k.to(DT)), input_precision="ieee")
+    s = mm(q, tl.trans(k), OP, DT, NATIVE)
     near = tl.abs(rows[:, None] - cols[None, :]) <= R
     keep = near & (ok & inside)[None, :] & (rows < n)[:, None]
     return tl.where(keep, s, float("-inf")), keep, cols, inside
@@ -87,9 +104,9 @@ def hybrid_forward(
     BM: tl.constexpr,
     BG: tl.constexpr,
     BD: tl.constexpr,
-    LOW: tl.constexpr,
-    NATIVE: tl.constexpr,
+    OP: tl.constexpr,
     DT: tl.constexpr,
+    NATIVE: tl.constexpr,
 ):
     head = tl.program_id(0)
     q0 = tl.program_id(1) * BQ
@@ -103,9 +120,12 @@ def hybrid_forward(
         mask=row_ok[:, None] & (dims[None, :] < D),
         other=0.0,
     )
-    q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty) if LOW else q.to(DT) * scale
+    if OP == DT:
+        q = q.to(DT) * scale
+    else:  # scaled in OP, as the torch path divides the query blocks in their own dtype
+        q = rounded(rounded(q, OP, NATIVE).to(tl.float32) * scale, OP, NATIVE)
     small = head * (G + M) * D
-    # Heavy keys: exact scores, -inf for the ones that are not real keys.
+    # Heavy keys: exact scores, -inf for the ones that are not real keys; landmarks' scores.
     heavy_real = tl.load(hr_ptr + head * G + hv, mask=hv < G, other=0.0).to(DT)
     hk = tl.load(
         sk_ptr + small + hv[:, None] * D + dims[None, :],
@@ -117,19 +137,13 @@ def hybrid_forward(
         mask=(lm[:, None] < M) & (dims[None, :] < D),
         other=0.0,
     )
-    if LOW:
-        sh = low_dot(q, tl.trans(hk), NATIVE).to(DT)
-        sl = low_dot(q, tl.trans(lk), NATIVE).to(DT)
-    else:
-        sh = tl.dot(q, tl.trans(hk.to(DT)), input_precision="ieee")
-        sl = tl.dot(q, tl.trans(lk.to(DT)), input_precision="ieee")
-    sh = tl.where((heavy_real > 0)[None, :], sh, float("-inf"))
-    sl = tl.where((lm < M)[None, :], sl, float("-inf"))
-    # One shift per query for every part: the band's largest score, first pass.
+    sh = tl.where((heavy_real > 0)[None, :], mm(q, tl.trans(hk), OP, DT, NATIVE), float("-inf"))
+    sl = tl.where((lm < M)[None, :], mm(q, tl.trans(lk), OP, DT, NATIVE), float("-inf"))
+    # One shift per query for every part: the largest score, the band's from a first pass.
     top = tl.maximum(tl.max(sh, axis=1), tl.max(sl, axis=1))
     for j0 in range(q0 - R, q0 + BQ + R, BK):
         s, _, _, _ = band_scores(
-            q, k_ptr, keys_ptr, head, j0, rows, n, R, D, BK, BD, LOW, NATIVE, DT
+            q, k_ptr, keys_ptr, head, j0, rows, n, R, D, BK, BD, OP, DT, NATIVE
         )
         top = tl.maximum(top, tl.max(s, axis=1))
     # Landmarks: F' = exp(scores - shift), p = F' pinv(A'); heavy keys' exact kernel.
@@ -157,7 +171,7 @@ def hybrid_forward(
     den_k = tl.zeros((BQ,), dtype=DT)
     for j0 in range(q0 - R, q0 + BQ + R, BK):
         s, keep, cols, inside = band_scores(
-            q, k_ptr, keys_ptr, head, j0, rows, n, R, D, BK, BD, LOW, NATIVE, DT
+            q, k_ptr, keys_ptr, head, j0, rows, n, R, D, BK, BD, OP, DT, NATIVE
         )
         e = tl.where(keep, tl.exp(tl.maximum(s - top[:, None], EXP_FLOOR)), 0.0)
         bt = tl.load(
@@ -171,12 +185,8 @@ def hybrid_forward(
             mask=inside[:, None] & (dims[None, :] < D),
             other=0.0,
         )
-        if LOW:
-            acc_e += low_dot(e.to(v.dtype), v, NATIVE).to(DT)
-            acc_k += low_dot(kt.to(v.dtype), v, NATIVE).to(DT)
-        else:
-            acc_e += tl.dot(e, v.to(DT), input_precision="ieee")
-            acc_k += tl.dot(kt, v.to(DT), input_precision="ieee")
+        acc_e += mm(e, v, OP, DT, NATIVE)
+        acc_k += mm(kt, v, OP, DT, NATIVE)
         den_e += tl.sum(e, axis=1)
         den_k += tl.sum(kt, axis=1)
     # A query whose estimate of the mass outside its exact support is not positive keeps the
