@@ -72,7 +72,7 @@ def run_hydra_command(
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
     try:  # torch and Hydra load here (seconds): Typer would turn Ctrl-C into a silent 130
-        from nyscli.bridge import launch
+        from nyscli.launch.run import launch
     except KeyboardInterrupt as stop:
         fail(f"{stopped(stop)}; nothing was written", stop_code(stop))
 

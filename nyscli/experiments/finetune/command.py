@@ -93,7 +93,7 @@ from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {

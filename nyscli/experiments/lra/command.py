@@ -61,7 +61,7 @@ from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 # The split sizes and seed of a generated task (data.generate of ListOps and Pathfinder).

@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 CURVE_FILE = "pretraining_curves.png"
 OBJECTIVES = ("mlm_sop", "distill")
 TEACHER_ATTENTION = {"name": "softmax"}  # an imported BERT checkpoint's own attention
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {

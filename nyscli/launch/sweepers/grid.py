@@ -6,7 +6,7 @@ to compare Nyström at two budgets with exact attention; a plain cartesian produ
 softmax a ``num_landmarks`` it does not have (Hydra refuses the key) and run it twice. Here an
 ``attention.<option>=`` override is dropped from the jobs whose attention lacks the option,
 as long as another attention of the sweep has it (an option no attention has stays, so a typo
-is still refused), and jobs that became identical run once. The bridge (to check every job
+is still refused), and jobs that became identical run once. The launcher (to check every job
 before anything runs, and for ``--cfg`` with ``-m``) and nys's Hydra sweeper
 (``hydra_plugins/nys_sweeper``, which runs them) both call :func:`per_attention`.
 """

@@ -1,4 +1,4 @@
-"""The Optuna sweeper of ``hparams_search=`` (see :mod:`nyscli.tracking.search`).
+"""The Optuna sweeper of ``hparams_search=`` (see :mod:`nyscli.launch.sweepers.search`).
 
 Imported only when a search runs (it needs optuna, from the ``tracking`` extra). Hydra builds
 it from ``conf/hydra/sweeper/nys_optuna.yaml`` through the shim in
@@ -35,7 +35,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from nyscli.errors import UserInputError
-from nyscli.tracking.search import (
+from nyscli.launch.sweepers.search import (
     FOLDER_ATTR,
     RESULTS_FILE,
     SAMPLER_NAMES,
