@@ -16,9 +16,10 @@ from omegaconf import DictConfig
 
 class NysOptunaSweeper(Sweeper):
     def __init__(self, **kwargs: Any) -> None:
-        from nyscli.launch.sweepers.search import make_sweeper
+        # Here, not at the top: optuna loads only when a search runs.
+        from nyscli.launch.sweepers.optuna_search import OptunaSearch
 
-        self.sweeper = make_sweeper(**kwargs)
+        self.sweeper = OptunaSearch(**kwargs)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig

@@ -95,9 +95,3 @@ def write_trials(study: Any, sweep_dir: Path) -> Path:
     """``<sweep>/trials.csv`` from the study as it stands (rewritten after every trial)."""
     return write_csv(trials_frame(study), Path(sweep_dir) / TRIALS_FILE)
 
-
-def make_sweeper(**kwargs: Any) -> Any:
-    """The Optuna sweeper (imports optuna only when a search runs)."""
-    from nyscli.launch.sweepers.optuna_search import OptunaSearch
-
-    return OptunaSearch(**kwargs)
