@@ -20,7 +20,7 @@ import hydra
 from hydra._internal.utils import _run_hydra, get_args_parser
 from rich.markup import escape
 
-from nyscli.console import console
+from nyscli.console import console, say_error
 from nyscli.errors import UserInputError, describe_os_error, naming
 from nyscli.experiments.report.sweep_summary import write_summary
 from nyscli.launch.faults import USER_ERRORS, Abort, fault_line, missing_launcher, parse_hint
@@ -44,7 +44,7 @@ def _show_sweep(command: str, args: Any) -> int:
         show_jobs(command, plan, str(args.cfg), bool(args.resolve), args.config_dir)
     except (*USER_ERRORS, OSError) as error:
         message = missing_launcher(error, args.overrides) or fault_line(error)
-        console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        say_error(message)
         return 2
     return 0
 
@@ -59,7 +59,7 @@ def launch(command: str, arguments: list[str]) -> int:
         try:
             return _launch(command, arguments)
         except KeyboardInterrupt as stop:  # before a run folder was claimed
-            console.print(f"[red]error:[/] {stopped(stop)}; nothing was written", highlight=False)
+            say_error(f"{stopped(stop)}; nothing was written")
             return stop_code(stop)
 
 
@@ -98,7 +98,7 @@ def _launch(command: str, arguments: list[str]) -> int:
     try:
         args = parser.parse_intermixed_args(arguments)
     except UserInputError as error:
-        console.print(f"[red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        say_error(str(error))
         return 2
     hydra.version.setbase("1.3")
     multirun = bool(args.multirun)
@@ -128,7 +128,7 @@ def _launch(command: str, arguments: list[str]) -> int:
             message = missing_launcher(error, args.overrides) or parse_hint(
                 fault_line(error), list(args.overrides)
             )
-            console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+            say_error(message)
             return 2
     try:
         with _hydra_reraises():
@@ -145,15 +145,13 @@ def _launch(command: str, arguments: list[str]) -> int:
         if fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
         error = naming(error, _given_dir(args.overrides) / ".hydra")  # a write names no file
-        console.print(
-            f"[red]error:[/] {escape(describe_os_error(error))}", highlight=False, soft_wrap=True
-        )
+        say_error(describe_os_error(error))
         return 2
     except (Abort, TrainingInterrupted) as abort:
         # An interrupted run keeps its folder: the message says how to resume it.
         if isinstance(abort, Abort) and fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
-        console.print(f"[red]error:[/] {escape(abort.message)}", highlight=False, soft_wrap=True)
+        say_error(abort.message)
         return abort.code
     except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);
@@ -163,7 +161,7 @@ def _launch(command: str, arguments: list[str]) -> int:
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
         line = f"{stopped(stop)}{where}"
-        console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        say_error(line)
         return stop_code(stop)
     except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
