@@ -135,10 +135,11 @@ def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: lis
 
 
 class JobComposer:
-    """A sweep's jobs composed for checking, fast: Hydra composes (reads every YAML file, ~0.12
-    s) once per distinct set of config-group choices (``attention=...``, ``+experiment=...``,
-    any ``+``/``~`` override); a job's plain ``key=value`` overrides are then applied to a copy
-    by Hydra's own override step, as its composition applies them last."""
+    """A sweep's jobs composed for checking, fast: Hydra composes (reads every YAML file) once
+    per distinct set of config-group choices (``attention=...``, ``+experiment=...``, any
+    ``+``/``~`` override); a job's plain ``key=value`` overrides are then applied to a copy by
+    Hydra's own override step, as its composition applies them last (timings:
+    docs/results/launcher.md)."""
 
     def __init__(self, composing: Hydra, command: str) -> None:
         self.composing, self.command = composing, command
@@ -167,7 +168,7 @@ class JobComposer:
         return cfg
 
 
-SWEEP_BAR_JOBS = 20  # checking fewer jobs takes a few seconds: no bar
+SWEEP_BAR_JOBS = 20  # fewer jobs are checked in about a second: no bar
 
 
 @contextlib.contextmanager
@@ -245,7 +246,7 @@ def plan_launch(
             return set(found.keys()) if found is not None else set()
 
         split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
-        # Each job is composed as it will run (~0.14 s on a 2-core CPU): a bar for big sweeps.
+        # Each job is composed as it will run: a bar for big sweeps.
         bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
         cached = JobComposer(composing, command)
         with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:

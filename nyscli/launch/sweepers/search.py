@@ -1,18 +1,8 @@
-"""Hyperparameter search with Optuna through Hydra's sweeper interface (``hparams_search=``).
-
-The sweeper (:mod:`nyscli.launch.sweepers.optuna_search`) asks Optuna (TPE by default) for
-trials and runs each as a Hydra job; its study lives in a SQLite file in the sweep folder
-(``optuna.db``):
-
-- ``n_trials`` is the study's total: run the same command with ``hydra.sweep.dir=<sweep
-  folder>`` and an interrupted search runs only the trials it lacks;
-- a trial cut short by the interruption (left RUNNING in the study) is run again with the
-  same parameters and told to the same trial, so the study ends with exactly ``n_trials``.
-
-Job folders are numbered on after the ones already there (a run folder is never reused).
-``trials.csv`` in the sweep folder lists every trial (number, state, value, parameters, job
-folder, the best one marked) after each trial; ``optimization_results.yaml`` holds the best.
-"""
+"""The Optuna search of ``hparams_search=``, the parts that need no optuna: the rules of its
+``hydra.sweeper`` keys (checked before any folder exists), where its study lives (so the same
+command resumes it) and its ``trials.csv``. The sweeper itself is
+:mod:`nyscli.launch.sweepers.optuna_search`; how a search runs and resumes:
+docs/commands/tracking.md."""
 
 from __future__ import annotations
 
