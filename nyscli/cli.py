@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 
 try:  # Typer >= 0.26 vendors click; older ones use the click package
     from typer._click import exceptions as click_errors
@@ -15,7 +14,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
 from nyscli.allocator import reexec_with_tcmalloc
-from nyscli.console import console
+from nyscli.console import say_error
 from nyscli.errors import UserInputError, describe_os_error
 from nyscli.overrides import override_key
 from nyscli.paths import CONF_DIR
@@ -72,7 +71,7 @@ def run_hydra_command(
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
     try:  # torch and Hydra load here (seconds): Typer would turn Ctrl-C into a silent 130
-        from nyscli.bridge import launch
+        from nyscli.launch.run import launch
     except KeyboardInterrupt as stop:
         fail(f"{stopped(stop)}; nothing was written", stop_code(stop))
 
@@ -337,11 +336,6 @@ def report(
         fail(describe_os_error(error))
 
 
-def say_error(message: str) -> None:
-    """Print ``error: message`` as one line (the message is not read as markup)."""
-    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` as one line and exit with ``code``."""
     say_error(message)
@@ -386,7 +380,7 @@ def _main(args: list[str] | None = None) -> int:
         # click turns a KeyboardInterrupt (Ctrl-C, or our SIGTERM) into Abort
         stop = error if isinstance(error, KeyboardInterrupt) else error.__context__
         if not isinstance(stop, KeyboardInterrupt):
-            console.print("[red]error:[/] aborted", highlight=False)
+            say_error("aborted")
             return 1
         say_error(stopped(stop))
         code = stop_code(stop)

@@ -1,4 +1,4 @@
-"""Running one command on several ranks, beside the bridge (its only caller).
+"""Running one command on several ranks, beside the launcher (its only caller).
 
 Three ways a job gets several ranks, all ending in the same ``env://`` process group
 (:func:`nyscli.train.distributed.process_group`):

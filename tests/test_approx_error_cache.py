@@ -14,9 +14,9 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from nyscli.bridge import launch
 from nyscli.experiments.approx_error import cache, evaluate
 from nyscli.experiments.approx_error import command as approx_error
+from nyscli.launch.run import launch
 from nyscli.paths import SWEEP_CACHE
 from tests.test_approx_error import config, run
 

@@ -2,7 +2,7 @@
 run folder left behind (or, once a run has produced something, one marked failed).
 
 Validation happens before any torch work, so most cases run in this process through the
-bridge's ``launch()``; a few go through the real ``python -m nyscli.cli`` entry point.
+launcher's ``launch()``; a few go through the real ``python -m nyscli.cli`` entry point.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from nyscli.bridge import launch
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module
+from nyscli.launch.run import launch
 from nyscli.output.runs import ERROR_FILE, find_run_folders, load_run
 
 # (command, overrides, fragment the one line must contain)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nyscli.bridge import claim_dir, one_line
 from nyscli.cli import complete_overrides
+from nyscli.launch.faults import one_line
+from nyscli.launch.folders import claim_dir
 
 TINY = ["hidden=32", "num_heads=2", "repeats=2", "min_repeats=1", "warmup=1"]
 

@@ -7,9 +7,9 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nyscli.bridge import composer, plan_launch
 from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS
+from nyscli.launch.plan import JobComposer, _compose_job, composer, plan_launch
 
 
 def compose(command: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
@@ -153,7 +153,7 @@ def test_linformer_projections_are_sized_for_the_commands_longest_input():
 def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
     """One composition checks a single run and finds its folder (Hydra composes once more when
     it runs it); a sweep composes its hydra node, then once per distinct set of group choices
-    (bridge.JobComposer): 2 for seed=1,2 (the base has none), 3 for attention=softmax,nystrom."""
+    (JobComposer): 2 for seed=1,2 (the base has none), 3 for attention=softmax,nystrom."""
     from hydra._internal.hydra import Hydra
 
     calls = []
@@ -188,14 +188,12 @@ def test_a_launch_composes_each_job_once_before_hydra_runs_it(monkeypatch):
     ],
 )  # fmt: skip
 def test_a_sweeps_jobs_composed_from_a_cached_base_equal_hydras_own_composition(command, jobs):
-    """bridge.JobComposer (the fast check of a big sweep) gives every job exactly the config
+    """JobComposer (the fast check of a big sweep) gives every job exactly the config
     Hydra composes for it: the same values, choices and task overrides."""
-    from nyscli import bridge
-
-    with bridge.composer(command) as composing:
-        cached = bridge.JobComposer(composing, command)
+    with composer(command) as composing:
+        cached = JobComposer(composing, command)
         for job in jobs:
-            fast, full = cached.compose(job), bridge._compose_job(composing, command, job)
+            fast, full = cached.compose(job), _compose_job(composing, command, job)
             assert list(fast.hydra.overrides.task) == list(full.hydra.overrides.task)
             assert fast.hydra.runtime.choices == full.hydra.runtime.choices
             for cfg in (fast, full):

@@ -132,7 +132,7 @@ def test_old_key_names_are_refused_naming_the_new_one(command, old, new, tmp_pat
                                                       capsys):  # fmt: skip
     """One name for a data location, schedules as trainer.*: an old key stops the launch in
     one line (exit 2) that names the key to give instead, and no run folder is made."""
-    from nyscli.bridge import launch
+    from nyscli.launch.run import launch
 
     monkeypatch.chdir(tmp_path)
     assert launch(command, [old]) == 2

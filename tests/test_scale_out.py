@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from nyscli.bridge import plan_launch
 from nyscli.experiments.report.sweep_summary import LOCK_FILE, SUMMARY_FILE, write_summary
+from nyscli.launch.plan import plan_launch
 from nyscli.train import ShuffledBatches, distributed
 
 from .test_lra import TINY as LRA_TINY

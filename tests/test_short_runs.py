@@ -12,8 +12,8 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from nyscli.bridge import plan_launch
-from nyscli.sweeps import per_attention
+from nyscli.launch.plan import plan_launch
+from nyscli.launch.sweepers.grid import per_attention
 from nyscli.train import TrainerConfig
 from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint
 from nyscli.train.loop import throughput_warmup

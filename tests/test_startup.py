@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-HEAVY = {"torch", "hydra", "omegaconf", "nyscli.bridge", "nyscli.experiments"}
+HEAVY = {"torch", "hydra", "omegaconf", "nyscli.launch.run", "nyscli.experiments"}
 
 
 def _run_cli(arguments: str, env: dict[str, str] | None = None) -> tuple[str, set[str]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nyscli import bridge
+from nyscli.launch.run import launch
 from nyscli.tracking import config as tracking_config
 from tests.conftest import REPO
 from tests.helpers import LRA_TINY, run_folders
@@ -151,7 +151,7 @@ def test_a_missing_extra_is_one_line_before_any_folder(tmp_path, monkeypatch, ca
         (["logger=many"], "logger=mlflow"),
         (["hparams_search=lra_lr"], "hparams_search= (optuna)"),
     ):
-        assert bridge.launch("lra", args) == 2
+        assert launch("lra", args) == 2
         out = capsys.readouterr().out
         assert f"{what} needs the optional extra tracking" in out, out
         assert "pip install 'nyscli[tracking]'" in out and "Traceback" not in out
@@ -165,7 +165,7 @@ def test_search_settings_are_checked_before_any_folder(tmp_path, monkeypatch, ca
         ("hydra.sweeper.sampler.name=grid", "tpe"),
         ("trainer.lr=interval(0.0, 1e-3)", "trainer.lr=0.0 is not allowed"),
     ):
-        assert bridge.launch("lra", ["hparams_search=lra_lr", bad]) == 2
+        assert launch("lra", ["hparams_search=lra_lr", bad]) == 2
         out = capsys.readouterr().out
         assert allowed in out and len(out.strip().splitlines()) == 1, out
         assert not (tmp_path / "outputs").exists()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nyscli import bridge
 from nyscli.errors import UserInputError
+from nyscli.launch import folders
+from nyscli.launch.run import launch
 from tests.test_bad_input import digest, fake_run, one_error
 
 TINY = ["seq_len=16", "budgets=4", "heads=1", "threads=1", "plots=false", "methods=[nystrom]"]
@@ -23,7 +24,7 @@ def _claim(target: str, start, results) -> None:
     """One launch's claim of ``target``; the winner writes its own file into the folder."""
     start.wait()
     try:
-        bridge.check_new_folder("hydra.run.dir", Path(target))
+        folders.check_new_folder("hydra.run.dir", Path(target))
     except UserInputError as error:
         results.put(("refused", str(error)))
         return
@@ -50,7 +51,7 @@ def test_eight_launches_into_one_folder_at_once_twenty_times_exactly_one_claims_
         winners = [who for what, who in outcomes if what == "claimed"]
         assert len(winners) == 1, outcomes
         assert (target / "owner").read_text() == winners[0]  # nothing of the others in it
-        assert sorted(p.name for p in target.iterdir()) == [bridge.CLAIM_FILE, "owner"]
+        assert sorted(p.name for p in target.iterdir()) == [folders.CLAIM_FILE, "owner"]
         for what, message in outcomes:
             assert what == "claimed" or message.startswith(f"hydra.run.dir={target} ")
 
@@ -101,7 +102,7 @@ def test_a_folder_that_is_no_fresh_claim_is_refused_in_one_line(
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     before = digest(tmp_path)
-    assert bridge.launch("approx_error", [*TINY, f"hydra.run.dir={where}"]) == 2
+    assert launch("approx_error", [*TINY, f"hydra.run.dir={where}"]) == 2
     line = one_error(capsys)
     assert f"hydra.run.dir={where} " in line and message in line
     assert digest(tmp_path) == before  # byte-identical: the run, the user's files
@@ -110,5 +111,5 @@ def test_a_folder_that_is_no_fresh_claim_is_refused_in_one_line(
 def test_a_dangling_outputs_link_is_one_line_not_an_endless_loop(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").symlink_to(tmp_path / "gone")
-    assert bridge.launch("approx_error", TINY) == 2
+    assert launch("approx_error", TINY) == 2
     assert "outputs is a dangling link, not a folder" in one_error(capsys)

@@ -109,8 +109,8 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_leaves_no_folder(
     tmp_path, monkeypatch, capsys
 ):
     """Ctrl-C while data is prepared (before any checkpoint): exit 130, one line, no folder."""
-    from nyscli.bridge import launch
     from nyscli.experiments.lra import command as lra
+    from nyscli.launch.run import launch
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

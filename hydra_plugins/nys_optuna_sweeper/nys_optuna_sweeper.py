@@ -1,8 +1,8 @@
 """The ``hydra/sweeper: nys_optuna`` sweeper: Optuna trials as Hydra jobs, resumable.
 
-The logic lives in :mod:`nyscli.tracking.optuna_search`; this module only satisfies Hydra's rule
-that plugins live under ``hydra_plugins`` and imports nothing heavy (Hydra imports every
-plugin module at start-up, also when no search runs).
+The logic lives in :mod:`nyscli.launch.sweepers.optuna_search`; this module only satisfies
+Hydra's rule that plugins live under ``hydra_plugins`` and imports nothing heavy (Hydra imports
+every plugin module at start-up, also when no search runs).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from omegaconf import DictConfig
 
 class NysOptunaSweeper(Sweeper):
     def __init__(self, **kwargs: Any) -> None:
-        from nyscli.tracking.search import make_sweeper
+        # Here, not at the top: optuna loads only when a search runs.
+        from nyscli.launch.sweepers.optuna_search import OptunaSearch
 
-        self.sweeper = make_sweeper(**kwargs)
+        self.sweeper = OptunaSearch(**kwargs)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig

@@ -1,5 +1,5 @@
 """The ``hydra/sweeper: nys`` sweeper: Hydra's basic grid, with attention options applied only
-to the attentions that have them (:mod:`nyscli.sweeps`).
+to the attentions that have them (:mod:`nyscli.launch.sweepers.grid`).
 
 This module only satisfies Hydra's rule that plugins live under ``hydra_plugins``.
 """
@@ -13,8 +13,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 class NysSweeper(BasicSweeper):
     def split_arguments(self, overrides: Any, max_batch_size: int | None) -> Any:  # type: ignore[override]
-        """Every job of the grid, then :func:`nyscli.sweeps.per_attention`, in batches."""
-        from nyscli.sweeps import batches, per_attention
+        """Every job of the grid, then :func:`nyscli.launch.sweepers.grid.per_attention`, in
+        batches."""
+        from nyscli.launch.sweepers.grid import batches, per_attention
 
         grid = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         assert self.hydra_context is not None and self.config is not None

@@ -4,7 +4,7 @@ other (``report`` reads the others' results and figures). Shared by the training
 ``training`` (what lra/pretrain/finetune check and do before training) and ``schema`` (the
 config keys' rules). Each ``command`` exposes ``validate(cfg)``, ``run(cfg, run_dir, console)``
 and ``render(df)``, and may set ``ALLOCATOR`` (what env.json records as the allocator when the
-command measures in worker processes of its own); the CLI bridge (``nyscli.bridge``) does the
+command measures in worker processes of its own); the launcher (``nyscli.launch``) does the
 rest (run folder, CSV, env.json)."""
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""What every training command (lra, pretrain, finetune) checks and does before it trains."""
+"""What every training command (lra, pretrain, finetune) checks and does before it trains, and
+the settings and result row they all build the same way."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from nyscli.models.bert import BertConfig
 from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import (
+    FitResult,
+    ShuffledBatches,
     TrainerConfig,
     distributed,
     reset_peak_memory,
@@ -49,6 +53,13 @@ SCHEDULE_KEYS = {
     "log_every": ("trainer.log_every",),
     "eval_examples": ("trainer.eval_examples",),
 }
+
+
+def trainer_config(cfg: DictConfig, **fields: Any) -> TrainerConfig:
+    """The ``trainer`` group as checked settings; ``fields`` replace what the run computed
+    itself (finetune's schedule in epochs)."""
+    values = {**OmegaConf.to_container(cfg.trainer, resolve=True), **fields}
+    return TrainerConfig.from_mapping(values)
 
 
 def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
@@ -206,12 +217,31 @@ def baseline_fields(
     }
 
 
-def run_context(
-    cfg: DictConfig, trainer: TrainerConfig, device: torch.device, plan: ResumePlan
+def result_row(
+    fields: dict[str, Any],
+    *,
+    cfg: DictConfig,
+    fit: FitResult,
+    trainer: TrainerConfig,
+    train: ShuffledBatches,
+    device: torch.device,
+    plan: ResumePlan,
+    started: float,
 ) -> dict[str, Any]:
-    """The results-row fields that say how a training run ran (ranks, precision, schedule,
-    device, resume and the settings it changed...)."""
+    """A training run's ``results.csv`` row: the command's own ``fields`` (what it measured),
+    then the columns every training command reports alike: how far it got and how fast, and
+    how it ran (ranks, precision, schedule, device, resume and the settings it changed)."""
     return {
+        **fields,
+        "best_step": fit.best_step,
+        "steps": fit.step,
+        "max_steps": trainer.max_steps,
+        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
+        "wall_s": time.perf_counter() - started,
+        "train_s": fit.train_seconds,
+        "tokens_per_s": fit.tokens_per_s,
+        "peak_mb": peak_memory_mb(device),
+        "batch_size": train.global_batch_size * trainer.accumulate,  # examples per update
         "world_size": distributed.world_size(),
         "precision": trainer.precision,
         "device": str(device),

@@ -20,6 +20,7 @@ from nyscli.errors import UserInputError
 
 ERROR_FILE = "error.txt"
 RESULTS_FILE = "results.csv"
+TRIALS_FILE = "trials.csv"  # a search's trials, in its sweep folder
 
 
 @dataclass

@@ -8,7 +8,7 @@ the same rows. How a run uses this package:
   selected loggers (a resumed run continues the earlier run's MLflow run and replays the rows
   it carried over into TensorBoard); the trainer's ``MetricsLog`` sends each row to
   :func:`active` and tells it each checkpoint;
-- after ``results.csv``, the bridge calls :func:`finish` (final metrics, hparams, artifacts).
+- after ``results.csv``, the launcher calls :func:`finish` (final metrics, hparams, artifacts).
 
 A logger that fails is one warning and is off for the rest of the run: logging never fails a
 run. Only rank 0 logs.

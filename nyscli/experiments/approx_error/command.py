@@ -255,7 +255,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         df = measure(cfg, Path(run_dir), console)
-        log_to_file(render(df))  # the console gets the same table from the bridge
+        log_to_file(render(df))  # the console gets the same table from the launcher
         return df
     finally:
         torch.set_num_threads(threads)

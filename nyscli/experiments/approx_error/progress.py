@@ -66,7 +66,7 @@ class ProgressLog:
 
 
 def log_to_file(renderable: RenderableType) -> None:
-    """Write a rendered table to the log files only: the console shows it already (the bridge
+    """Write a rendered table to the log files only: the console shows it already (the launcher
     prints ``render(df)``), but a log file should hold the results without the console."""
     buffer = io.StringIO()
     Console(file=buffer, width=200, color_system=None).print(renderable)

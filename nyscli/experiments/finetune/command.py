@@ -14,7 +14,6 @@ paper's MRPC grid search).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
@@ -71,9 +70,10 @@ from nyscli.experiments.training import (
     class_balance,
     fit_schedule,
     preflight,
+    result_row,
     resume_pins,
-    run_context,
     start_run,
+    trainer_config,
 )
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
@@ -86,14 +86,13 @@ from nyscli.train import (
     TrainerConfig,
     distributed,
     eval_batches,
-    peak_memory_mb,
 )
 from nyscli.train.checkpoint import load_best
 from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {
@@ -113,13 +112,6 @@ RULES: dict[str, schema.Rule] = {
 }
 
 
-def trainer_config(cfg: DictConfig, steps: int | None = None) -> TrainerConfig:
-    """The trainer settings with ``max_steps`` = ``steps`` (the schedule the run computed)."""
-    values = OmegaConf.to_container(cfg.trainer, resolve=True)
-    values["max_steps"] = steps or values.get("max_steps") or 1
-    return TrainerConfig.from_mapping(values)
-
-
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value (no data or weights are read)."""
     if cfg.task.name not in TASKS:
@@ -127,7 +119,8 @@ def validate(cfg: DictConfig) -> None:
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
     check_values(cfg, RULES)
-    check_device(cfg, trainer_config(cfg))
+    # trainer.max_steps=null: the epochs decide, once the data is read.
+    check_device(cfg, trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
     check_conv_fit(cfg, names_attention(current_overrides()))
     if cfg.get("eval_only"):
         run_config(Path(str(cfg.eval_only)))
@@ -234,9 +227,7 @@ def trainer_settings(
     trainer.max_steps), with the warm-up of ``warmup_ratio`` and the eval interval fitted."""
     steps, warmup = schedule(cfg, train_examples, per_update)
     planned = planned_steps(cfg, train_examples, per_update)
-    settings = dataclasses.replace(
-        trainer_config(cfg, steps), warmup_steps=warmup, planned_steps=planned
-    )
+    settings = trainer_config(cfg, max_steps=steps, warmup_steps=warmup, planned_steps=planned)
     # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
     return fit_schedule(settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",))
 
@@ -282,7 +273,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                    f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
     first = final.get(devs[0], {})
     score = (test if reported == "test" else first).get("accuracy", math.nan)
-    row: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "task": task,
         "init": init_label(start.source),
         "attention": attention,
@@ -293,19 +284,10 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "dev_mm_accuracy": final.get("dev_mismatched", {}).get("accuracy", math.nan),
         "test_accuracy": test["accuracy"],
         "best_dev_accuracy": fit.best_value,
-        "best_step": fit.best_step,
-        "steps": fit.step,
-        "max_steps": settings.max_steps,
         "epochs": fit.step * per_update / len(encoded["train"]),
-        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
         "train_examples": len(encoded["train"]),
         "dev_examples": len(encoded[devs[0]]),
         "test_examples": len(encoded["test"]) if "test" in encoded else 0,
-        "wall_s": time.perf_counter() - started,
-        "train_s": fit.train_seconds,
-        "tokens_per_s": fit.tokens_per_s,
-        "peak_mb": peak_memory_mb(device),
-        "batch_size": per_update,
         "lr": settings.lr,
         "positions_extended_from": start.extended_from,
         "init_path": (
@@ -314,8 +296,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
         **baseline_fields(balance, score, reported, dev_balance),
-        **run_context(cfg, settings, device, plan),
     }
+    row = result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train, device=device,
+                     plan=plan, started=started)  # fmt: skip
     return pd.DataFrame([row])
 
 

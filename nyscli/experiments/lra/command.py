@@ -41,9 +41,10 @@ from nyscli.experiments.training import (
     class_balance,
     fit_schedule,
     preflight,
+    result_row,
     resume_pins,
-    run_context,
     start_run,
+    trainer_config,
 )
 from nyscli.models import INITS, POOLINGS, build_classifier
 from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
@@ -55,13 +56,12 @@ from nyscli.train import (
     TrainerConfig,
     distributed,
     eval_batches,
-    peak_memory_mb,
 )
 from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 # The split sizes and seed of a generated task (data.generate of ListOps and Pathfinder).
@@ -98,10 +98,6 @@ RULES: dict[str, schema.Rule] = {
     "model.pooling": schema.Choice(values=POOLINGS),
     "model.init": schema.Choice(values=INITS),
 }
-
-
-def trainer_config(cfg: DictConfig) -> TrainerConfig:
-    return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -200,7 +196,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     label = attention_label(cfg)
     metrics = read_metrics(run_dir / METRICS_FILE)
     learning_curve(metrics, run_dir / LEARNING_CURVE_FILE, f"LRA {cfg.task.name}, {label}")
-    row: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "task": cfg.task.name,
         "dataset": data.dataset,
         "attention": label,
@@ -209,20 +205,12 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "rule_accuracy": rule_accuracy,
         "test_loss": test["loss"],
         "best_dev_accuracy": fit.best_value,
-        "best_step": fit.best_step,
-        "steps": fit.step,
-        "max_steps": settings.max_steps,
-        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
-        "wall_s": time.perf_counter() - started,
-        "train_s": fit.train_seconds,
-        "tokens_per_s": fit.tokens_per_s,
-        "peak_mb": peak_memory_mb(device),
         **baseline_fields(test_balance, test["accuracy"], "test", dev_balance),
         "test_examples": len(test_set),
         "max_len": int(cfg.task.max_len),
-        "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
-        **run_context(cfg, settings, device, plan),
     }
+    row = result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train, device=device,
+                     plan=plan, started=started)  # fmt: skip
     return pd.DataFrame([row])
 
 

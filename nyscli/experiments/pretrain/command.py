@@ -60,9 +60,10 @@ from nyscli.experiments.training import (
     check_values,
     fit_schedule,
     preflight,
+    result_row,
     resume_pins,
-    run_context,
     start_run,
+    trainer_config,
 )
 from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, with_attention
 from nyscli.output.curves import axis_label, shown
@@ -75,7 +76,6 @@ from nyscli.train import (
     Trainer,
     TrainerConfig,
     distributed,
-    peak_memory_mb,
 )
 from nyscli.train.checkpoint import load_best
 from nyscli.train.loop import Objective
@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 CURVE_FILE = "pretraining_curves.png"
 OBJECTIVES = ("mlm_sop", "distill")
 TEACHER_ATTENTION = {"name": "softmax"}  # an imported BERT checkpoint's own attention
-__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the bridge's resume hooks
+__all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
 RULES: dict[str, schema.Rule] = {
@@ -105,10 +105,6 @@ RULES: dict[str, schema.Rule] = {
     "tokenizer.vocab_size": schema.Int(low=100, high=2**22),  # a 4M-row embedding at most
     "tokenizer.min_frequency": schema.COUNT,
 }
-
-
-def trainer_config(cfg: DictConfig) -> TrainerConfig:
-    return TrainerConfig.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -250,14 +246,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         return math.nan if row is None or column not in row else float(row[column])
 
     distill = setup.name == "distill"
-    row: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "model": name,
         "attention": label,
         "objective": setup.name,
-        "steps": fit.step,
-        "max_steps": settings.max_steps,
         "best_val_mlm_accuracy": math.nan if distill else fit.best_value,
-        "best_step": fit.best_step,
         "final_val_mlm_accuracy": last("mlm_accuracy"),
         "final_val_sop_accuracy": last("sop_accuracy"),
         "final_val_mlm_loss": last("mlm_loss"),
@@ -266,21 +259,16 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "best_val_distill_loss": fit.best_value if distill else math.nan,
         "final_val_distill_loss": last("distill_loss"),
         "start_val_distill_loss": setup.baseline if distill else math.nan,
-        "status": "ok" if fit.completed else f"stopped at step {fit.step}",
-        "wall_s": time.perf_counter() - started,
-        "train_s": fit.train_seconds,
-        "tokens_per_s": fit.tokens_per_s,
-        "peak_mb": peak_memory_mb(device),
         "train_pairs": len(data.train),
         "val_pairs": len(data.val),
         "mean_tokens": float(data.train.lengths.mean()) + 3,
         "vocab_size": tokenizer.vocab_size,
         "max_len": setup.encoder.config.max_len,
-        "batch_size": train.global_batch_size * settings.accumulate,  # examples per update
         "pretrained": str(pretrained) if pretrained else None,
         **({} if distill else flags(row_balances(dev, setup), fit.best_value, best)),
-        **run_context(cfg, settings, device, plan),
     }
+    row = result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train, device=device,
+                     plan=plan, started=started)  # fmt: skip
     return pd.DataFrame([row])
 
 

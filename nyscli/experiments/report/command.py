@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from rich.markup import escape
@@ -17,8 +18,7 @@ from nyscli.experiments.approx_error.plots import error_vs_budget
 from nyscli.files import write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
-from nyscli.output.runs import RunFolder, aggregate, find_run_folders, load_run
-from nyscli.tracking.search import TRIALS_FILE, trials_table
+from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
 from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.splits import DEV, TRAIN, read_metrics
 
@@ -213,3 +213,23 @@ FIGURES: dict[str, Figure] = {
     "approx_error": approx_error_figure,
     "bench": bench_figure,
 }
+
+
+def trials_table(sweep_dir: Path) -> Any:
+    """A rich table of ``<sweep>/trials.csv`` with the best trial marked (``nys report``)."""
+    from rich.table import Table
+
+    df = pd.read_csv(Path(sweep_dir) / TRIALS_FILE)
+    table = Table(title=f"search: {len(df)} trials in {sweep_dir}")
+    shown = [c for c in df.columns if c != "best"]
+    for column in shown:
+        table.add_column(column, justify="left" if column in ("state", "job_folder") else "right")
+    table.add_column("best")  # a word, not only a colour: NO_COLOR and logs keep it
+    for _, row in df.iterrows():
+        cells = [
+            "" if pd.isna(row[c]) else f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c])
+            for c in shown
+        ]
+        cells.append("best" if bool(row["best"]) else "")
+        table.add_row(*cells, style="bold green" if bool(row["best"]) else None)
+    return table

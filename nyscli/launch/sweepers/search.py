@@ -1,17 +1,8 @@
-"""Hyperparameter search with Optuna through Hydra's sweeper interface (``hparams_search=``).
-
-The sweeper (:mod:`nyscli.tracking.optuna_search`) asks Optuna (TPE by default) for trials and
-runs each as a Hydra job; its study lives in a SQLite file in the sweep folder (``optuna.db``):
-
-- ``n_trials`` is the study's total: run the same command with ``hydra.sweep.dir=<sweep
-  folder>`` and an interrupted search runs only the trials it lacks;
-- a trial cut short by the interruption (left RUNNING in the study) is run again with the
-  same parameters and told to the same trial, so the study ends with exactly ``n_trials``.
-
-Job folders are numbered on after the ones already there (a run folder is never reused).
-``trials.csv`` in the sweep folder lists every trial (number, state, value, parameters, job
-folder, the best one marked) after each trial; ``optimization_results.yaml`` holds the best.
-"""
+"""The Optuna search of ``hparams_search=``, the parts that need no optuna: the rules of its
+``hydra.sweeper`` keys (checked before any folder exists), where its study lives (so the same
+command resumes it) and its ``trials.csv``. The sweeper itself is
+:mod:`nyscli.launch.sweepers.optuna_search`; how a search runs and resumes:
+docs/commands/tracking.md."""
 
 from __future__ import annotations
 
@@ -24,13 +15,13 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from nyscli.files import write_csv
+from nyscli.output.runs import TRIALS_FILE
 from nyscli.rules import Choice, Int, Rule
 from nyscli.tracking.config import missing_extra
 
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "optuna.db"  # the study, in the sweep folder (hparams_search presets)
-TRIALS_FILE = "trials.csv"
 RESULTS_FILE = "optimization_results.yaml"  # the best trial (hydra-optuna-sweeper's name)
 SWEEPER = "hydra_plugins.nys_optuna_sweeper.nys_optuna_sweeper.NysOptunaSweeper"
 SAMPLER_NAMES = ("tpe", "random")
@@ -94,29 +85,3 @@ def write_trials(study: Any, sweep_dir: Path) -> Path:
     """``<sweep>/trials.csv`` from the study as it stands (rewritten after every trial)."""
     return write_csv(trials_frame(study), Path(sweep_dir) / TRIALS_FILE)
 
-
-def trials_table(sweep_dir: Path) -> Any:
-    """A rich table of ``<sweep>/trials.csv`` with the best trial marked (``nys report``)."""
-    from rich.table import Table
-
-    df = pd.read_csv(Path(sweep_dir) / TRIALS_FILE)
-    table = Table(title=f"search: {len(df)} trials in {sweep_dir}")
-    shown = [c for c in df.columns if c != "best"]
-    for column in shown:
-        table.add_column(column, justify="left" if column in ("state", "job_folder") else "right")
-    table.add_column("best")  # a word, not only a colour: NO_COLOR and logs keep it
-    for _, row in df.iterrows():
-        cells = [
-            "" if pd.isna(row[c]) else f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c])
-            for c in shown
-        ]
-        cells.append("best" if bool(row["best"]) else "")
-        table.add_row(*cells, style="bold green" if bool(row["best"]) else None)
-    return table
-
-
-def make_sweeper(**kwargs: Any) -> Any:
-    """The Optuna sweeper (imports optuna only when a search runs)."""
-    from nyscli.tracking.optuna_search import OptunaSearch
-
-    return OptunaSearch(**kwargs)

@@ -1,14 +1,8 @@
-"""The Optuna sweeper of ``hparams_search=`` (see :mod:`nyscli.tracking.search`).
-
-Imported only when a search runs (it needs optuna, from the ``tracking`` extra). Hydra builds
-it from ``conf/hydra/sweeper/nys_optuna.yaml`` through the shim in
-``hydra_plugins/nys_optuna_sweeper/``; Hydra's launcher runs each trial as one job, whose
-return value (the run's ``optimized_metric``) is told to the study.
-
-The search space uses Hydra's own sweep syntax, as hydra-optuna-sweeper does:
-``interval(a, b)`` (``tag(log, interval(a, b))`` for a log scale; integers if both ends are),
-``range(a, b, step=s)`` and ``choice(x, y, ...)``; a plain ``key=value`` is fixed.
-"""
+"""The Optuna sweeper of ``hparams_search=``: each trial is one Hydra job whose
+``optimized_metric`` is told to a study in SQLite, so an interrupted search resumes to its
+``n_trials``. Imported only when a search runs (optuna is in the ``tracking`` extra), through
+the shim in ``hydra_plugins/nys_optuna_sweeper/``; its space is Hydra's own sweep syntax, as
+hydra-optuna-sweeper's (docs/commands/tracking.md)."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from nyscli.errors import UserInputError
-from nyscli.tracking.search import (
+from nyscli.launch.sweepers.search import (
     FOLDER_ATTR,
     RESULTS_FILE,
     SAMPLER_NAMES,

@@ -1,15 +1,10 @@
-"""Sweeps over several attentions and their options: each option goes to the attentions that
-have it.
+"""The grid sweeper's jobs, each ``attention.<option>=`` kept only for the attentions that have it.
 
-``nys bench -m attention=nystrom,softmax attention.num_landmarks=32,64`` is what people write
-to compare Nyström at two budgets with exact attention; a plain cartesian product would give
-softmax a ``num_landmarks`` it does not have (Hydra refuses the key) and run it twice. Here an
-``attention.<option>=`` override is dropped from the jobs whose attention lacks the option,
-as long as another attention of the sweep has it (an option no attention has stays, so a typo
-is still refused), and jobs that became identical run once. The bridge (to check every job
-before anything runs, and for ``--cfg`` with ``-m``) and nys's Hydra sweeper
-(``hydra_plugins/nys_sweeper``, which runs them) both call :func:`per_attention`.
-"""
+``-m attention=nystrom,softmax attention.num_landmarks=32,64`` as a plain grid would give
+softmax an option it lacks (Hydra refuses it) and run it twice: here the option is dropped
+where the job's attention lacks it (one no attention has stays, so a typo is still refused)
+and jobs that became identical run once. The launcher's check and ``hydra_plugins/nys_sweeper``
+both call :func:`per_attention`."""
 
 from __future__ import annotations
 

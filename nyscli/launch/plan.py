@@ -1,0 +1,273 @@
+"""Plan and check a launch's jobs before anything runs: every job's config composed as it will
+run and validated, so a typo fails in one line with exit code 2 instead of deep inside a
+sweep."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import (
+    create_automatic_config_search_path,
+)
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nyscli import tracking
+from nyscli.console import console
+from nyscli.data.common import progress_bar
+from nyscli.errors import UserInputError
+from nyscli.experiments import experiment_module
+from nyscli.experiments.renamed import refuse_renamed
+from nyscli.launch.sweepers import search
+from nyscli.launch.sweepers.grid import per_attention
+from nyscli.overrides import override_key, override_keys
+from nyscli.paths import CONF_SOURCE
+from nyscli.train.resume import pin_overrides
+
+
+def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the launch would run (one list unless multirun)."""
+    if not multirun:
+        return [overrides]
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    # An Optuna search's interval(a, b) has no job list: its bounds are checked instead.
+    parsed = [
+        parser.parse_override(f"{o.get_key_element()}=choice({o.value().start},{o.value().end})")
+        if o.value_type == ValueType.INTERVAL_SWEEP
+        else o
+        for o in parsed
+    ]
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def search_path(config_dir: str | None = None) -> ConfigSearchPath:
+    """Hydra's config search path of every command: the package's configs, and the user's
+    ``--config-dir`` folder after them (new groups and options, e.g. ``attention/mine.yaml``),
+    exactly as Hydra's own entry point adds it."""
+    path = create_automatic_config_search_path(None, None, CONF_SOURCE)
+    if config_dir is not None:
+        folder = os.path.abspath(config_dir)
+        if not os.path.isdir(folder):
+            raise UserInputError(f"--config-dir {config_dir} is not a directory")
+        path.prepend("command-line", f"file://{folder}", SearchPathQuery(provider="schema"))
+    return path
+
+
+@contextlib.contextmanager
+def composer(command: str, config_dir: str | None = None) -> Iterator[Hydra]:
+    """A Hydra instance that composes ``command``'s configs as the run will (the global one is
+    restored afterwards, as ``hydra.initialize_config_dir`` does)."""
+    hydra.version.setbase("1.3")
+    path = search_path(config_dir)
+    backup = get_gh_backup()
+    try:
+        yield Hydra.create_main_hydra2(task_name=command, config_search_path=path)
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def _task_overrides(overrides: list[str]) -> list[str]:
+    # hydra.* overrides shape the run, not the job (hydra.searchpath excepted: it finds configs).
+    return [
+        o
+        for o in overrides
+        if not override_key(o).startswith("hydra") or override_key(o) == "hydra.searchpath"
+    ]
+
+
+def _compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictConfig:
+    """One job's config with its hydra node (for HydraConfig), as the run will see it."""
+    return composing.compose_config(
+        config_name=command, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=False
+    )
+
+
+def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
+    """An ``experiment=`` recipe names its command; another command's recipe is refused."""
+    made_for = cfg.get("command")
+    if made_for == command:
+        return
+    recipe = [o for o in overrides if override_key(o) == "experiment"]
+    what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
+    raise UserInputError(
+        f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
+        f"{command.replace('_', '-')}; see nyscli/conf/experiment/"
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a launch will do, decided before any folder exists."""
+
+    multirun: bool
+    hydra: DictConfig  # the composed hydra node: mode, run and sweep dirs
+    done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
+    jobs: tuple[tuple[str, ...], ...] = ()  # a sweep's jobs (overrides each), as they will run
+    note: str | None = None  # what the launch changed (sweep options dropped, settings kept)
+    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings)
+
+
+def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
+    """Validate one job's composed config as the run will see it (HydraConfig set to it, so
+    ``validate`` sees the overrides and group choices); its hydra node is dropped."""
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _same_command(cfg, command, overrides)
+    module.validate(cfg)
+    tracking.check(cfg.get("logger"))
+
+
+class JobComposer:
+    """A sweep's jobs composed for checking, fast: Hydra composes (reads every YAML file) once
+    per distinct set of config-group choices (``attention=...``, ``+experiment=...``, any
+    ``+``/``~`` override); a job's plain ``key=value`` overrides are then applied to a copy by
+    Hydra's own override step, as its composition applies them last (timings:
+    docs/results/launcher.md)."""
+
+    def __init__(self, composing: Hydra, command: str) -> None:
+        self.composing, self.command = composing, command
+        self.repository = composing.config_loader.repository  # type: ignore[attr-defined]
+        self.parser = OverridesParser.create()
+        self.bases: dict[tuple[str, ...], DictConfig] = {}
+
+    def _plain(self, override: Any) -> bool:
+        return (
+            override.package is None
+            and not (override.is_add() or override.is_delete() or override.is_force_add())
+            and not self.repository.group_exists(override.key_or_group)
+            and not override.key_or_group.startswith("hydra")
+        )
+
+    def compose(self, job: list[str]) -> DictConfig:
+        parsed = self.parser.parse_overrides(job)
+        plain = [o for o in parsed if self._plain(o)]
+        groups = tuple(o.input_line for o in parsed if not self._plain(o))
+        if groups not in self.bases:
+            self.bases[groups] = _compose_job(self.composing, self.command, list(groups))
+        cfg = copy.deepcopy(self.bases[groups])
+        ConfigLoaderImpl._apply_overrides_to_config(plain, cfg)
+        with open_dict(cfg):
+            cfg.hydra.overrides.task = list(job)
+        return cfg
+
+
+SWEEP_BAR_JOBS = 20  # fewer jobs are checked in about a second: no bar
+
+
+@contextlib.contextmanager
+def _no_bar(description: str, total: int) -> Iterator[Any]:
+    yield lambda k: None
+
+
+def is_sweep(overrides: list[str]) -> bool:
+    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
+
+
+def _resume_pins(
+    module: ModuleType, composing: Hydra, command: str, cfg: DictConfig, overrides: list[str]
+) -> tuple[tuple[str, ...], str | None]:
+    """``resume=<run folder>`` keeps the recorded value of every setting whose default changed
+    since that run (a training command's ``resume_pins``): the overrides that do it, and the
+    note that says so. A resumed run trains with the settings it records, and a code update
+    between two chunks of a run is not a change the user asked for."""
+    pins_of = getattr(module, "resume_pins", None)
+    if pins_of is None:
+        return (), None
+
+    def compose(job: list[str]) -> DictConfig:
+        today = _compose_job(composing, command, _task_overrides(job))
+        with open_dict(today):
+            del today["hydra"]
+        return today
+
+    given = override_keys(overrides)
+    pins = pins_of(cfg, given, compose)
+    if not pins:
+        return (), None
+    kept = ", ".join(f"{p.key}={p.old} (default now {p.new})" for p in pins)
+    return tuple(pin_overrides(pins)), f"resume keeps that run's settings: {kept}"
+
+
+def plan_launch(
+    command: str, overrides: list[str], multirun: bool, config_dir: str | None = None
+) -> Plan:
+    """Compose and validate every job before anything runs; raise one of USER_ERRORS at the
+    first bad value.
+
+    A single run is composed once here, and once more by Hydra when it runs it (``_run_hydra``
+    composes its own): this one checks every value, asks the command's ``preflight`` and
+    yields the run folder before the folder exists. A sweep composes its hydra node, then
+    each job.
+    """
+    refuse_renamed(command, overrides)
+    module = experiment_module(command)
+    with composer(command, config_dir) as composing:
+        if not multirun and not is_sweep(overrides):
+            cfg = _compose_job(composing, command, overrides)
+            node = cfg.hydra
+            if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
+                _check_job(module, command, cfg, overrides)
+                pins, note = _resume_pins(module, composing, command, cfg, overrides)
+                if pins:  # the run composed as it will run, with the settings it keeps
+                    cfg = _compose_job(composing, command, [*overrides, *pins])
+                    node = cfg.hydra
+                    _check_job(module, command, cfg, [*overrides, *pins])
+                check = getattr(module, "preflight", None)
+                return Plan(False, node, check(cfg) if check else None, note=note, pins=pins)
+        node = composing.compose_config(
+            config_name=command,
+            overrides=overrides,
+            run_mode=RunMode.MULTIRUN,
+            with_log_configuration=False,
+            validate_sweep_overrides=False,
+        ).hydra
+        multirun = multirun or node.mode == RunMode.MULTIRUN
+        search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
+
+        def attention_keys(job: list[str]) -> set[str]:
+            found = _compose_job(composing, command, job).get("attention")
+            return set(found.keys()) if found is not None else set()
+
+        split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
+        # Each job is composed as it will run: a bar for big sweeps.
+        bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
+        cached = JobComposer(composing, command)
+        with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
+            for job in split.jobs:
+                _check_job(module, command, cached.compose(job), job)
+                advance(1)
+    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=split.note)
+
+
+def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:
+    """``--cfg job|hydra|all`` with ``-m``: each job's config as the sweep will run it (Hydra
+    itself refuses the pair), after a ``# job i: overrides`` line."""
+    with composer(command, config_dir) as composing:
+        for index, job in enumerate(plan.jobs):
+            cfg = _compose_job(composing, command, list(job))
+            if what == "job":
+                with open_dict(cfg):
+                    del cfg["hydra"]
+            elif what == "hydra":
+                cfg = cfg.hydra
+            console.print(f"# job {index}: {' '.join(job) or '(defaults)'}", highlight=False)
+            console.out(OmegaConf.to_yaml(cfg, resolve=resolve), highlight=False)
+
+

@@ -1,0 +1,190 @@
+"""Run a command through Hydra: overrides in, checked jobs, a claimed run folder, Hydra's own
+runner, and one exit code out.
+
+Each command turns its typed options into Hydra override strings, appends the free overrides
+and hands everything to Hydra's own entry point (``_run_hydra``), so multirun, launcher plugins,
+``--cfg``, ``.hydra/`` and callbacks behave exactly as in a ``@hydra.main`` script. Before
+launching, every job's config is composed and validated (:mod:`nyscli.launch.plan`), so a typo
+fails in one line with exit code 2 instead of deep inside a sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import hydra
+from hydra._internal.utils import _run_hydra, get_args_parser
+from rich.markup import escape
+
+from nyscli.console import console, say_error
+from nyscli.errors import UserInputError, describe_os_error, naming
+from nyscli.experiments.report.sweep_summary import write_summary
+from nyscli.launch.faults import USER_ERRORS, Abort, fault_line, missing_launcher, parse_hint
+from nyscli.launch.folders import claim_run_folder, discard_failed
+from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
+from nyscli.launch.task import Task
+from nyscli.output.runs import RESULTS_FILE, find_run_folders
+from nyscli.overrides import override_key, override_value
+from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.stops import sigterm_raises, stop_code, stopped
+from nyscli.train.errors import TrainingInterrupted
+
+
+def _show_sweep(command: str, args: Any) -> int:
+    """``--cfg`` with ``-m`` (or a sweep a cluster preset makes): every job's config, checked
+    like a launch; nothing runs."""
+    try:
+        plan = plan_launch(command, list(args.overrides), bool(args.multirun), args.config_dir)
+        if plan.note:
+            console.print(f"# note: {escape(plan.note)}", highlight=False, soft_wrap=True)
+        show_jobs(command, plan, str(args.cfg), bool(args.resolve), args.config_dir)
+    except (*USER_ERRORS, OSError) as error:
+        message = missing_launcher(error, args.overrides) or fault_line(error)
+        say_error(message)
+        return 2
+    return 0
+
+
+def launch(command: str, arguments: list[str]) -> int:
+    """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code.
+
+    SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) wherever the run is, as Ctrl-C
+    does: every phase unwinds, so temporary files go, worker processes are stopped, and the
+    run ends with one line (exit 143; Ctrl-C 130)."""
+    with sigterm_raises():
+        try:
+            return _launch(command, arguments)
+        except KeyboardInterrupt as stop:  # before a run folder was claimed
+            say_error(f"{stopped(stop)}; nothing was written")
+            return stop_code(stop)
+
+
+def _given_dir(overrides: list[str]) -> Path:
+    """The run (or sweep) folder of the launch: the last hydra.run.dir/sweep.dir override
+    (claim_run_folder adds one for the timestamped default)."""
+    keys = ("hydra.run.dir", "hydra.sweep.dir")
+    given = [override_value(o) for o in overrides if override_key(o) in keys and "=" in o]
+    return Path(given[-1]) if given else Path(OUTPUT_ROOT)
+
+
+@contextlib.contextmanager
+def _hydra_reraises() -> Iterator[None]:
+    """Hydra prints an exception from its own steps as a stripped traceback and exits 1,
+    unless HYDRA_FULL_ERROR=1: then it re-raises, and a fault such as a full disk while it
+    writes the run's config becomes our one line."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def _launch(command: str, arguments: list[str]) -> int:
+    parser = get_args_parser()
+    parser.prog = f"nys {command}"
+
+    def usage_error(message: str) -> NoReturn:  # argparse would print its usage block
+        raise UserInputError(f"{message}; see nys {command.replace('_', '-')} --help")
+
+    parser.error = usage_error  # type: ignore[method-assign]
+    try:
+        args = parser.parse_intermixed_args(arguments)
+    except UserInputError as error:
+        say_error(str(error))
+        return 2
+    hydra.version.setbase("1.3")
+    multirun = bool(args.multirun)
+    inspecting = bool(
+        args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
+    )
+    if args.cfg and (multirun or is_sweep(args.overrides)):
+        return _show_sweep(command, args)
+    sweep_dir = None
+    earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
+    fresh = None  # the run folder this launch created: removed again if the run fails early
+    made_parents: list[Path] = []  # the folders above it that this launch created
+    if not inspecting:
+        try:
+            plan = plan_launch(command, list(args.overrides), multirun, args.config_dir)
+            multirun = plan.multirun
+            if plan.note:
+                console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
+            if plan.done:  # e.g. resume= names a finished run: nothing to run, no folder
+                console.print(escape(plan.done), highlight=False, soft_wrap=True)
+                return 0
+            args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
+            fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
+            # A resumed search's sweep folder holds earlier jobs (one cut short): not this launch's.
+            earlier = set(find_run_folders([sweep_dir])) if sweep_dir is not None else set()
+        except (*USER_ERRORS, OSError) as error:
+            message = missing_launcher(error, args.overrides) or parse_hint(
+                fault_line(error), list(args.overrides)
+            )
+            say_error(message)
+            return 2
+    try:
+        with _hydra_reraises():
+            _run_hydra(
+                args=args,
+                args_parser=parser,
+                task_function=Task(command),
+                config_path=CONF_SOURCE,
+                config_name=command,
+            )
+    except OSError as error:
+        # Hydra's own writes failed (the run's .hydra/ config on a full or read-only disk); the
+        # job's faults became Abort in Task already.
+        if fresh is not None and not multirun:
+            discard_failed(fresh, made_parents)
+        error = naming(error, _given_dir(args.overrides) / ".hydra")  # a write names no file
+        say_error(describe_os_error(error))
+        return 2
+    except (Abort, TrainingInterrupted) as abort:
+        # An interrupted run keeps its folder: the message says how to resume it.
+        if isinstance(abort, Abort) and fresh is not None and not multirun:
+            discard_failed(fresh, made_parents)
+        say_error(abort.message)
+        return abort.code
+    except KeyboardInterrupt as stop:
+        # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);
+        # the loop itself raises TrainingInterrupted with its resume line.
+        if fresh is not None and not multirun:
+            discard_failed(fresh, made_parents)
+        kept = fresh is not None and fresh.is_dir()
+        where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
+        line = f"{stopped(stop)}{where}"
+        say_error(line)
+        return stop_code(stop)
+    except SystemExit as exit_:
+        # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
+        # the jobs that did finish still get their summary, and the lost ones are listed.
+        if sweep_dir is None:
+            raise
+        write_summary(sweep_dir)
+        if exit_.code not in (None, 0):
+            return sweep_outcome(sweep_dir, earlier) or 1
+    return 0 if sweep_dir is None else sweep_outcome(sweep_dir, earlier)
+
+
+def sweep_outcome(sweep_dir: Path, earlier: set[Path] = frozenset()) -> int:
+    """1 with one line naming the failed jobs of this launch (those without results, of any
+    launcher, also ones killed before they could write error.txt; ``earlier`` job folders
+    were there before it), else 0."""
+    jobs = [p for p in find_run_folders([sweep_dir]) if p not in earlier]
+    failed = [p for p in jobs if not (p / RESULTS_FILE).exists()]
+    if not failed:
+        return 0
+    console.print(
+        f"[red]{len(failed)} job(s) failed[/]; see {escape(', '.join(map(str, failed)))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 1

@@ -1,0 +1,88 @@
+"""The Hydra task function: one job of a command, from its composed config to ``results.csv``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from nyscli import ranks, tracking
+from nyscli.console import console
+from nyscli.errors import describe_os_error
+from nyscli.experiments import experiment_module
+from nyscli.files import write_csv, write_json, write_text
+from nyscli.launch.faults import USER_ERRORS, Abort, fault_line, one_line
+from nyscli.launch.folders import ENV_FILE
+from nyscli.output.env import collect_env
+from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
+from nyscli.train.errors import TrainingInterrupted
+
+log = logging.getLogger("nys")
+
+
+class Task:
+    """The Hydra task function of ``command``: run the experiment, write results and env.
+
+    A class, not a closure, so launchers that ship the task to other processes (joblib,
+    submitit) pickle it by reference.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __call__(self, cfg: DictConfig) -> float | None:
+        """Run one job; returns the value a search optimises (``optimized_metric``) or None."""
+        command = self.command
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        module = experiment_module(command)
+        main = ranks.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
+        if main:
+            allocator = getattr(module, "ALLOCATOR", None)
+            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"), allocator)
+            try:
+                write_json(env, run_dir / ENV_FILE)
+            except OSError as error:
+                raise Abort(describe_os_error(error), 2) from error
+        else:
+            logging.getLogger().setLevel(logging.WARNING)
+        nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))
+        try:
+            module.validate(cfg)
+            df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
+        except TrainingInterrupted as stop:
+            if main:  # the folder then tells `nys report` where it stopped and how to resume
+                with contextlib.suppress(OSError):
+                    write_text(stop.message + "\n", run_dir / ERROR_FILE)
+            raise
+        except (*USER_ERRORS, OSError) as error:
+            message = fault_line(error)
+            with contextlib.suppress(OSError):  # the disk may be the very thing that failed
+                write_text(message + "\n", run_dir / ERROR_FILE)
+            if not multirun:
+                raise Abort(message, 2) from error
+            log.error("job failed: %s", message)
+            return
+        except Exception as error:
+            write_text(f"{one_line(error)}\n\n{traceback.format_exc()}", run_dir / ERROR_FILE)
+            if not multirun:
+                raise
+            # One line: the sweep goes on and ends with the list of failed jobs; the traceback
+            # is in the job's error.txt, not on the console between the other jobs.
+            log.error("job failed: %s (traceback in %s)", one_line(error), run_dir / ERROR_FILE)
+            return
+        if df is None:
+            return None
+        write_csv(df, run_dir / RESULTS_FILE)
+        console.print(module.render(df))
+        log.info("results: %s", run_dir / RESULTS_FILE)
+        tracking.finish(cfg, run_dir, df)  # final metrics and files to TensorBoard / MLflow
+        return tracking.objective(cfg, df)
+
+
