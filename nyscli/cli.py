@@ -64,12 +64,17 @@ def _list(values: list | None) -> str:
 
 
 def run_hydra_command(
-    command: str, typed: dict[str, object], overrides: list[str] | None, multirun: bool
+    command: str,
+    typed: dict[str, object],
+    overrides: list[str] | None,
+    multirun: bool,
+    fail_fast: bool = False,
 ) -> None:
     """Typed options (None = keep the YAML default) + free overrides -> Hydra.
 
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
+    typed = {**typed, "fail_fast": "true" if fail_fast else None}
     try:  # torch and Hydra load here (seconds): Typer would turn Ctrl-C into a silent 130
         from nyscli.launch.run import launch
     except KeyboardInterrupt as stop:
@@ -102,6 +107,12 @@ def overrides_argument(command: str, extra_help: str = "") -> Any:
 
 # Options several commands share, declared once (each command adds its own beside them).
 Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Run a Hydra sweep.")]
+FailFast = Annotated[
+    bool,
+    typer.Option(
+        "--fail-fast", help="In a sweep, stop at the first failed job (sets fail_fast=true)."
+    ),
+]
 Steps = Annotated[int | None, typer.Option(help="Optimizer steps (sets trainer.max_steps).")]
 BatchSize = Annotated[
     int | None, typer.Option(help="Examples per step, per rank (sets trainer.batch_size).")
@@ -164,6 +175,7 @@ def bench(
         int | None, typer.Option(help="Most timed repeats per point (median reported).")
     ] = None,
     multirun: Multirun = False,
+    fail_fast: FailFast = False,
 ) -> None:
     """Table 1: time and peak memory of one self-attention module vs sequence length."""
     typed = {
@@ -176,7 +188,7 @@ def bench(
         "batch_size": batch_size,
         "repeats": repeats,
     }
-    run_hydra_command("bench", typed, overrides, multirun)
+    run_hydra_command("bench", typed, overrides, multirun, fail_fast)
 
 
 @app.command("approx-error", context_settings=HYDRA_COMMAND)
@@ -207,6 +219,7 @@ def approx_error(
     ] = None,
     seed: Seed = None,
     multirun: Multirun = False,
+    fail_fast: FailFast = False,
     text_path: Annotated[str | None, typer.Option(hidden=True)] = None,  # renamed: --data-path
 ) -> None:
     """How close Nyström (and its rivals) come to exact attention, sweeping the budget m."""
@@ -220,7 +233,7 @@ def approx_error(
         "data.path": data_path,
         "seed": seed,
     }
-    run_hydra_command("approx_error", typed, overrides, multirun)
+    run_hydra_command("approx_error", typed, overrides, multirun, fail_fast)
 
 
 @app.command(context_settings=HYDRA_COMMAND)
@@ -242,6 +255,7 @@ def lra(
         ),
     ] = None,
     multirun: Multirun = False,
+    fail_fast: FailFast = False,
 ) -> None:
     """Table 3: train and test on a Long Range Arena task (attention=... picks the variant)."""
     typed = {
@@ -249,7 +263,7 @@ def lra(
         **training_options(steps, batch_size, seed, resume),
         "trainer.nproc_per_node": nproc_per_node,
     }
-    run_hydra_command("lra", typed, overrides, multirun)
+    run_hydra_command("lra", typed, overrides, multirun, fail_fast)
 
 
 @app.command(context_settings=HYDRA_COMMAND)
@@ -266,10 +280,11 @@ def pretrain(
     seed: Seed = None,
     resume: Resume = None,
     multirun: Multirun = False,
+    fail_fast: FailFast = False,
 ) -> None:
     """Fig. 5/6: BERT MLM + SOP pre-training (attention=... picks the variant)."""
     typed = {"model": model, "data": data, **training_options(steps, batch_size, seed, resume)}
-    run_hydra_command("pretrain", typed, overrides, multirun)
+    run_hydra_command("pretrain", typed, overrides, multirun, fail_fast)
 
 
 @app.command(context_settings=HYDRA_COMMAND)
@@ -293,6 +308,7 @@ def finetune(
     seed: Seed = None,
     resume: Resume = None,
     multirun: Multirun = False,
+    fail_fast: FailFast = False,
 ) -> None:
     """Table 2: fine-tune on GLUE or IMDB from a nys pretrain checkpoint (or from scratch)."""
     # The tasks live in conf/finetune_task/ (conf/task/ is LRA's): task=... is rewritten.
@@ -307,7 +323,7 @@ def finetune(
         **training_options(steps, batch_size, seed, resume),
         "task.max_len": max_len,
     }
-    run_hydra_command("finetune", typed, overrides, multirun)
+    run_hydra_command("finetune", typed, overrides, multirun, fail_fast)
 
 
 @app.command()

@@ -31,6 +31,16 @@ class Abort(BaseException):
         self.code = code
 
 
+class JobFailed(Abort):
+    """A job of a sweep failed under ``fail_fast``: the sweep stops there (exit code 1). An
+    Abort, so Hydra's job runner lets it through and no later job starts."""
+
+    def __init__(self, message: str, job: int, folder: str) -> None:
+        super().__init__(message, 1)
+        self.job = job
+        self.folder = folder
+
+
 def one_line(error: BaseException) -> str:
     """The error's message, and its cause's, on one line."""
     # Hydra appends its whole config search path to missing-config errors: noise for users.
@@ -119,5 +129,3 @@ def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
         f"{choice} needs the Hydra launcher plugin {package}, which is not installed: "
         f"pip install {package}"
     )
-
-

@@ -183,5 +183,3 @@ def claim_run_folder(
     folder = _run_folder(root / name, shared is not None)
     overrides.append(f"{key}={folder}")
     return (None if shared else folder), made_parents, (folder if plan.multirun else None)
-
-

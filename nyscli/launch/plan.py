@@ -31,12 +31,13 @@ from nyscli import tracking
 from nyscli.console import console
 from nyscli.data.common import progress_bar
 from nyscli.errors import UserInputError
-from nyscli.experiments import experiment_module
+from nyscli.experiments import experiment_module, schema
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.sweepers import search
 from nyscli.launch.sweepers.grid import per_attention
 from nyscli.overrides import override_key, override_keys
 from nyscli.paths import CONF_SOURCE
+from nyscli.rules import Bool
 from nyscli.train.resume import pin_overrides
 
 
@@ -123,6 +124,10 @@ class Plan:
     pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings)
 
 
+# Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
+LAUNCH_RULES = {"fail_fast": Bool()}
+
+
 def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
     """Validate one job's composed config as the run will see it (HydraConfig set to it, so
     ``validate`` sees the overrides and group choices); its hydra node is dropped."""
@@ -130,6 +135,7 @@ def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: lis
     with open_dict(cfg):
         del cfg["hydra"]
     _same_command(cfg, command, overrides)
+    schema.check(cfg, LAUNCH_RULES)
     module.validate(cfg)
     tracking.check(cfg.get("logger"))
 
@@ -269,5 +275,3 @@ def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: st
                 cfg = cfg.hydra
             console.print(f"# job {index}: {' '.join(job) or '(defaults)'}", highlight=False)
             console.out(OmegaConf.to_yaml(cfg, resolve=resolve), highlight=False)
-
-

@@ -23,7 +23,14 @@ from rich.markup import escape
 from nyscli.console import console, say_error
 from nyscli.errors import UserInputError, describe_os_error, naming
 from nyscli.experiments.report.sweep_summary import write_summary
-from nyscli.launch.faults import USER_ERRORS, Abort, fault_line, missing_launcher, parse_hint
+from nyscli.launch.faults import (
+    USER_ERRORS,
+    Abort,
+    JobFailed,
+    fault_line,
+    missing_launcher,
+    parse_hint,
+)
 from nyscli.launch.folders import claim_run_folder, discard_failed
 from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
 from nyscli.launch.task import Task
@@ -108,6 +115,7 @@ def _launch(command: str, arguments: list[str]) -> int:
     if args.cfg and (multirun or is_sweep(args.overrides)):
         return _show_sweep(command, args)
     sweep_dir = None
+    plan = None
     earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
     fresh = None  # the run folder this launch created: removed again if the run fails early
     made_parents: list[Path] = []  # the folders above it that this launch created
@@ -147,6 +155,14 @@ def _launch(command: str, arguments: list[str]) -> int:
         error = naming(error, _given_dir(args.overrides) / ".hydra")  # a write names no file
         say_error(describe_os_error(error))
         return 2
+    except JobFailed as failed:  # fail_fast: the first failed job stopped the sweep
+        jobs = len(plan.jobs) if plan is not None else 0
+        of = f" of {jobs}" if jobs else ""
+        say_error(
+            f"job {failed.job} failed: {failed.message} ({failed.folder}); fail_fast stopped "
+            f"the sweep there (job {failed.job}{of}: no later job was started)"
+        )
+        return failed.code
     except (Abort, TrainingInterrupted) as abort:
         # An interrupted run keeps its folder: the message says how to resume it.
         if isinstance(abort, Abort) and fresh is not None and not multirun:

@@ -16,7 +16,7 @@ from nyscli.console import console
 from nyscli.errors import describe_os_error
 from nyscli.experiments import experiment_module
 from nyscli.files import write_csv, write_json, write_text
-from nyscli.launch.faults import USER_ERRORS, Abort, fault_line, one_line
+from nyscli.launch.faults import USER_ERRORS, Abort, JobFailed, fault_line, one_line
 from nyscli.launch.folders import ENV_FILE
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
@@ -67,12 +67,14 @@ class Task:
                 write_text(message + "\n", run_dir / ERROR_FILE)
             if not multirun:
                 raise Abort(message, 2) from error
+            self.failed(cfg, hydra_cfg.job.num, run_dir, message)
             log.error("job failed: %s", message)
             return
         except Exception as error:
             write_text(f"{one_line(error)}\n\n{traceback.format_exc()}", run_dir / ERROR_FILE)
             if not multirun:
                 raise
+            self.failed(cfg, hydra_cfg.job.num, run_dir, one_line(error))
             # One line: the sweep goes on and ends with the list of failed jobs; the traceback
             # is in the job's error.txt, not on the console between the other jobs.
             log.error("job failed: %s (traceback in %s)", one_line(error), run_dir / ERROR_FILE)
@@ -85,4 +87,8 @@ class Task:
         tracking.finish(cfg, run_dir, df)  # final metrics and files to TensorBoard / MLflow
         return tracking.objective(cfg, df)
 
-
+    @staticmethod
+    def failed(cfg: DictConfig, job: int, run_dir: Path, message: str) -> None:
+        """Under ``fail_fast`` a sweep's failed job stops the sweep (:class:`JobFailed`)."""
+        if cfg.get("fail_fast"):
+            raise JobFailed(message, job, str(run_dir))

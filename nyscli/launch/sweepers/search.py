@@ -84,4 +84,3 @@ def trials_frame(study: Any) -> pd.DataFrame:
 def write_trials(study: Any, sweep_dir: Path) -> Path:
     """``<sweep>/trials.csv`` from the study as it stands (rewritten after every trial)."""
     return write_csv(trials_frame(study), Path(sweep_dir) / TRIALS_FILE)
-
