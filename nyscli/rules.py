@@ -171,15 +171,20 @@ class IntList(Rule):
         return f"a non-empty list of 64-bit integers >= {self.low}, e.g. [64,128]"
 
 
+# A value longer than this is shown by its start and length: an error line stays a line.
+SHOWN_CHARACTERS = 60
+
+
 def show(value: Any) -> str:
-    """A value as the user would type it on the command line."""
+    """A value as the user would type it on the command line (a long one cut short)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, list):
-        return "[" + ",".join(show(v) for v in value) + "]"
-    return str(value)
+    text = "[" + ",".join(show(v) for v in value) + "]" if isinstance(value, list) else str(value)
+    if len(text) > SHOWN_CHARACTERS:
+        return f"{text[:24]}... ({len(text):,} characters)"
+    return text
 
 
 @dataclass(frozen=True)

@@ -543,3 +543,14 @@ def test_a_file_that_cannot_be_created_is_named_not_its_temp_file():
     with pytest.raises(OSError) as raised:
         write_text("x", Path("/proc/x.csv"))
     assert raised.value.filename == "/proc/x.csv"
+
+
+@pytest.mark.parametrize("digits", [4300, 5000])
+def test_a_number_thousands_of_digits_long_is_one_short_line(digits, nys_here, tmp_path):
+    # 5,000 digits: more than Python reads (Hydra's parser raised a ValueError, a traceback);
+    # 4,300: read, refused by the rule, and the line used to print all 4,300 of them.
+    done = nys_here("bench", "-n", "64", f"seed={'9' * digits}")
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and len(said.splitlines()) == 1 and len(said) < 200, said
+    assert said.startswith("error: seed=999") and str(digits) in said.replace(",", "")
+    assert not (tmp_path / "outputs").exists()

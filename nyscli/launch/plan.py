@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -182,6 +184,24 @@ def _no_bar(description: str, total: int) -> Iterator[Any]:
     yield lambda k: None
 
 
+# Python reads integers of at most this many digits (sys.get_int_max_str_digits()); Hydra's
+# parser would fail on a longer one with a ValueError and a traceback.
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+_DIGITS = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
+
+
+def _refuse_unreadable_numbers(overrides: list[str]) -> None:
+    """One line for a number too long to read (``seed=`` and 5,000 nines), its key named."""
+    for override in overrides:
+        digits = _DIGITS.search(override)
+        if digits:
+            key = override_key(override) if "=" in override else override[:20]
+            raise UserInputError(
+                f"{key}={override.partition('=')[2][:12]}... is not allowed: a number of "
+                f"{len(digits.group())} digits (the largest readable has {_MAX_DIGITS})"
+            )
+
+
 def is_sweep(overrides: list[str]) -> bool:
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
@@ -223,6 +243,7 @@ def plan_launch(
     each job.
     """
     refuse_renamed(command, overrides)
+    _refuse_unreadable_numbers(overrides)
     module = experiment_module(command)
     with composer(command, config_dir) as composing:
         if not multirun and not is_sweep(overrides):
