@@ -311,3 +311,35 @@ def test_overlaid_curves_share_one_legend_and_keep_each_runs_colour(tmp_path, mo
     colour = {ln.get_label(): ln.get_color() for ln in acc_ax.get_lines()}
     assert colour == {"a": "C0", long: "C1", "rule": "grey"}
     assert [ln.get_color() for ln in loss_ax.get_lines()] == ["C1"]
+
+
+def test_a_binary_metrics_file_leaves_out_one_curve_not_the_report(tmp_path, figures, capsys):
+    """Random bytes in one run's metrics.csv were a 110-line UnicodeDecodeError that hid
+    every other run; now that run's curve is left out with one line naming the file."""
+    metrics = pd.DataFrame(
+        [
+            {"step": 2, "split": "train", "loss": 2.0, "accuracy": 0.1},
+            {"step": 2, "split": "dev", "loss": 2.1, "accuracy": 0.6},
+        ]
+    )
+    runs = [
+        fake_run(tmp_path / att, "finetune", ["task=sst2", f"attention={att}"],
+                 {"task": "sst2", "majority_rate": 0.509}, metrics)
+        for att in ("softmax", "nystrom")
+    ]  # fmt: skip
+    broken = runs[1].path / "metrics.csv"
+    broken.write_bytes(bytes(range(128, 256)) * 3)
+    written = report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "f")
+    assert [p.name for p in written] == ["f_sst2.png"]
+    [(_, dev), _] = figures["f_sst2.png"]
+    assert [label for label in dev if label.startswith("attention=")] == ["attention=softmax"]
+    said = capsys.readouterr().out
+    assert f"warning: {broken} cannot be read (UnicodeDecodeError)" in " ".join(said.split())
+
+
+def test_a_binary_error_file_still_names_a_failed_run(tmp_path):
+    run = fake_run(tmp_path / "bin", "lra", [], {"status": "ok"})
+    (run.path / "results.csv").unlink()
+    (run.path / "error.txt").write_bytes(b"\xff\xfe boom\n")
+    loaded = load_run(run.path)
+    assert not loaded.ok and "boom" in loaded.error

@@ -83,7 +83,8 @@ def load_run(path: Path) -> RunFolder:
         return RunFolder(path, command, [str(o) for o in overrides], None, reason)
     error_file = path / ERROR_FILE
     if error_file.exists():
-        error = error_file.read_text().strip().splitlines()[0]
+        # errors="replace": a corrupt error.txt still names the run as failed.
+        error = (error_file.read_text(errors="replace").strip().splitlines() or ["failed"])[0]
     elif results is None:
         error = "no results.csv (the run failed or is still running)"
         log = submitit_log(path)

@@ -12,6 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
+
+from nyscli.console import console
 
 TRAIN = "train"
 DEV = "dev"
@@ -33,6 +36,23 @@ def renamed_splits(splits: Iterable[str]) -> dict[str, str]:
     renamed = {s: f"{s} (final)" for s in present if s not in (TRAIN, LEGACY_DEV, TEST)}
     renamed[LEGACY_DEV] = DEV
     return renamed
+
+
+def curve_or_warning(path: Path) -> pd.DataFrame | None:
+    """``read_metrics(path)`` for a figure; a file that cannot be read (binary, truncated, no
+    split column) gives None and one line naming it, so one bad run never hides the others'
+    curves."""
+    try:
+        return read_metrics(path)
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as error:
+        # UnicodeDecodeError is a ValueError; KeyError: a CSV without the split column.
+        console.print(
+            f"warning: {escape(str(path))} cannot be read ({type(error).__name__}); its "
+            "curve is left out",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return None
 
 
 def read_metrics(path: Path) -> pd.DataFrame:

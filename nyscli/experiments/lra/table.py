@@ -21,7 +21,7 @@ from nyscli.experiments.lra.tasks import TASKS
 from nyscli.files import write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.train.metrics import METRICS_FILE
-from nyscli.train.splits import DEV, TRAIN, read_metrics
+from nyscli.train.splits import DEV, TRAIN, curve_or_warning
 
 TABLE3_FILE = "table3.csv"
 CURVES_FILE = "curves_{task}.png"
@@ -171,8 +171,8 @@ def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
     curves = {}
     for r in runs.itertuples():
         metrics_file = Path(str(r.run_dir)) / METRICS_FILE
-        if metrics_file.is_file():
-            curves[_row_key(pd.Series(r._asdict()))] = read_metrics(metrics_file)
+        if metrics_file.is_file() and (curve := curve_or_warning(metrics_file)) is not None:
+            curves[_row_key(pd.Series(r._asdict()))] = curve
     baseline = runs["rule_accuracy"].dropna() if "rule_accuracy" in runs else []
     baselines = {"accuracy": (baseline.mean(), "trivial rule")} if len(baseline) else None
     dataset = str(runs["dataset"].iloc[0]) if "dataset" in runs else ""

@@ -20,7 +20,7 @@ from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
 from nyscli.train.metrics import METRICS_FILE
-from nyscli.train.splits import DEV, TRAIN, read_metrics
+from nyscli.train.splits import DEV, TRAIN, curve_or_warning
 
 # A figure: (the command's runs that have results, their stacked results, the path prefix
 # "<folder>/<csv stem>_<command>") -> the PNGs written.
@@ -116,13 +116,14 @@ def _png(prefix: Path, part: str = "") -> Path:
 
 
 def _curves(runs: list[RunFolder]) -> dict[str, pd.DataFrame]:
-    """label -> metrics.csv of each run that has one."""
+    """label -> metrics.csv of each run that has a readable one."""
     labels = run_labels(runs)
-    return {
-        labels[run.path]: read_metrics(run.path / METRICS_FILE)
-        for run in runs
-        if (run.path / METRICS_FILE).exists()
-    }
+    curves = {}
+    for run in runs:
+        path = run.path / METRICS_FILE
+        if path.exists() and (curve := curve_or_warning(path)) is not None:
+            curves[labels[run.path]] = curve
+    return curves
 
 
 def _by_task(runs: list[RunFolder]) -> dict[str, list[RunFolder]]:
