@@ -171,6 +171,27 @@ def test_search_settings_are_checked_before_any_folder(tmp_path, monkeypatch, ca
         assert not (tmp_path / "outputs").exists()
 
 
+def test_a_study_that_cannot_be_opened_is_one_line_and_no_folder(tmp_path, monkeypatch, capsys):
+    """A corrupt optuna.db in the sweep folder, or a storage path in a missing folder: each was
+    a 130-180-line SQLAlchemy traceback (the second leaving a sweep folder)."""
+    monkeypatch.chdir(tmp_path)
+    corrupt = tmp_path / "old-search"
+    corrupt.mkdir()
+    (corrupt / "optuna.db").write_bytes(b"\x13" * 2000)
+    nowhere = f"hydra.sweeper.storage=sqlite:///{tmp_path / 'missing' / 'x.db'}"
+    for given, reason in (
+        (f"hydra.sweep.dir={corrupt}", "file is not a database"),
+        (nowhere, "unable to open database file"),
+    ):
+        tiny = [o for o in TINY if not o.startswith("--") and o != "8"]  # launch() has no flags
+        assert launch("lra", ["hparams_search=lra_lr", *tiny, given]) == 2
+        said = capsys.readouterr().out.strip()
+        assert len(said.splitlines()) == 1 and reason in said, said
+        assert said.startswith("error: the search's study sqlite:///")
+    assert not (tmp_path / "outputs").exists()
+    assert [p.name for p in corrupt.iterdir()] == ["optuna.db"]  # the user's folder untouched
+
+
 def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the store's folder should be")

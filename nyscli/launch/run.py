@@ -164,8 +164,10 @@ def _launch(command: str, arguments: list[str]) -> int:
         )
         return failed.code
     except (Abort, TrainingInterrupted) as abort:
-        # An interrupted run keeps its folder: the message says how to resume it.
-        if isinstance(abort, Abort) and fresh is not None and not multirun:
+        # An interrupted run keeps its folder: the message says how to resume it. A sweep
+        # stopped before its first job (its sweeper refused) leaves no folder either.
+        no_job = not multirun or not find_run_folders([fresh] if fresh else [])
+        if isinstance(abort, Abort) and fresh is not None and no_job:
             discard_failed(fresh, made_parents)
         say_error(abort.message)
         return abort.code

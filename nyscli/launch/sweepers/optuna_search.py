@@ -29,6 +29,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from nyscli.errors import UserInputError
+from nyscli.launch.faults import Abort
 from nyscli.launch.sweepers.search import (
     FOLDER_ATTR,
     RESULTS_FILE,
@@ -114,17 +115,31 @@ class OptunaSearch(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def _study(self) -> Any:
+        """The study, created or loaded; one line (exit 2) when its storage cannot be opened
+        (a file that is not a database, a folder that does not exist), not SQLAlchemy's
+        130-line traceback."""
+        try:
+            return optuna.create_study(
+                study_name=self.study_name,
+                storage=self.storage,
+                sampler=self.sampler,
+                direction=self.direction,
+                load_if_exists=True,
+            )
+        except Exception as error:  # SQLAlchemy's and optuna's many types alike
+            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+            raise Abort(
+                f"the search's study {self.storage} cannot be opened ({reason}); give "
+                "hydra.sweep.dir a new folder, or hydra.sweeper.storage another file",
+                2,
+            ) from error
+
     def sweep(self, arguments: list[str]) -> None:
         lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         space, fixed = search_space(lines)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        study = optuna.create_study(
-            study_name=self.study_name,
-            storage=self.storage,
-            sampler=self.sampler,
-            direction=self.direction,
-            load_if_exists=True,
-        )
+        study = self._study()
         # Trials left RUNNING were cut short when the search was interrupted.
         stale = [t for t in study.trials if t.state == TrialState.RUNNING]
         done = sum(t.state in FINISHED for t in study.trials)
