@@ -47,7 +47,7 @@ def build_wheel(tmp_path: Path) -> Path:
 def fresh_venv(tmp_path: Path) -> Path:
     """A new virtual environment that sees this interpreter's packages (torch, hydra, pip, ...)
     through a .pth file, so installing the wheel with --no-deps downloads nothing. Only the
-    site-packages folders are added: the checkout's editable nyscli finder there never runs."""
+    site-packages folders are added: the checkout's editable .pth there is never read."""
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
