@@ -309,5 +309,6 @@ def test_overlaid_curves_share_one_legend_and_keep_each_runs_colour(tmp_path, mo
     assert [t.get_text() for t in legend.get_texts()] == [long, "a", "rule"]
     loss_ax, acc_ax = fig.axes
     colour = {ln.get_label(): ln.get_color() for ln in acc_ax.get_lines()}
-    assert colour == {"a": "C0", long: "C1", "rule": "grey"}
-    assert [ln.get_color() for ln in loss_ax.get_lines()] == ["C1"]
+    first, second = (plots.row_style(i)["color"] for i in range(2))
+    assert colour == {"a": first, long: second, "rule": "grey"}
+    assert [ln.get_color() for ln in loss_ax.get_lines()] == [second]

@@ -44,12 +44,11 @@ from nyscli.experiments.training import (
     resume_pins,
     run_context,
     start_run,
+    write_learning_curve,
 )
 from nyscli.models import INITS, POOLINGS, build_classifier
-from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
-    METRICS_FILE,
     ShuffledBatches,
     Trainer,
     TrainerConfig,
@@ -57,7 +56,6 @@ from nyscli.train import (
     eval_batches,
     peak_memory_mb,
 )
-from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +196,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
-    metrics = read_metrics(run_dir / METRICS_FILE)
-    learning_curve(metrics, run_dir / LEARNING_CURVE_FILE, f"LRA {cfg.task.name}, {label}")
+    write_learning_curve(run_dir, f"LRA {cfg.task.name}, {label}", fit.best_step, dev_balance)
     row: dict[str, Any] = {
         "task": cfg.task.name,
         "dataset": data.dataset,
