@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where one training step of the paper's LRA model spends its time (issue 32, point 1).
+"""Where one training step of the paper's LRA model spends its time .
 
     .venv/bin/python scripts/profile_step.py --task listops --attention nystrom [--threads 2]
         [--device cuda] [--compile]

@@ -78,7 +78,7 @@ def test_the_figure_legend_labels_rivals_and_draws_the_exact_pinv_line(tmp_path,
     df = measure(tmp_path, RIVALS)
     drawn = {}
 
-    def capture(frame, x, panels, line, path, title=""):
+    def capture(frame, x, panels, line, path, title="", off_scale=()):
         drawn["lines"], drawn["title"] = set(frame[line]), title
         return path
 

@@ -47,7 +47,7 @@ def build_wheel(tmp_path: Path) -> Path:
 def fresh_venv(tmp_path: Path) -> Path:
     """A new virtual environment that sees this interpreter's packages (torch, hydra, pip, ...)
     through a .pth file, so installing the wheel with --no-deps downloads nothing. Only the
-    site-packages folders are added: the checkout's editable nyscli finder there never runs."""
+    site-packages folders are added: the checkout's editable .pth there is never read."""
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
@@ -84,3 +84,29 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_from_any_directory(tmp_path):
     assert list(results.attention) == ["nystrom-8"] and list(results.seq_len) == [64]
     assert results.status.tolist() == ["ok"] and results.time_ms.iloc[0] > 0
     assert "nystrom-8" in done.stdout
+
+
+def test_an_editable_install_is_quiet_and_imports_the_checkout(tmp_path):
+    """``scripts/setup`` installs nys editable. With the flat layout undeclared, setuptools
+    chose its import-hook strategy and printed a "BuildBackendWarning: Editable installation"
+    banner into every setup; with the root declared as the package folder it writes a plain
+    .pth file and says nothing, and the checkout (its configs, hydra_plugins) is what runs."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    skip = shutil.ignore_patterns("__pycache__")
+    for package in ("nyscli", "hydra_plugins"):
+        shutil.copytree(REPO / package, source / package, ignore=skip)
+    python = fresh_venv(tmp_path) / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    done = _run([*pip, "--no-build-isolation", "-e", str(source)], tmp_path)
+    # pip's own notes about this machine's package indexes are not the build's output.
+    said = [line for line in (done.stdout + done.stderr).splitlines()
+            if line.strip() and not line.startswith("WARNING: Location")]  # fmt: skip
+    assert said == [], "\n".join(said)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = _run([str(python), "-c", "import nyscli, hydra_plugins.nys_optuna_sweeper as s; "
+                  "print(nyscli.__file__); print(s.__file__)"], work).stdout.split()  # fmt: skip
+    assert [Path(w).is_relative_to(source) for w in where] == [True, True], where

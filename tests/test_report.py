@@ -309,8 +309,32 @@ def test_overlaid_curves_share_one_legend_and_keep_each_runs_colour(tmp_path, mo
     assert [t.get_text() for t in legend.get_texts()] == [long, "a", "rule"]
     loss_ax, acc_ax = fig.axes
     colour = {ln.get_label(): ln.get_color() for ln in acc_ax.get_lines()}
-    assert colour == {"a": "C0", long: "C1", "rule": "grey"}
-    assert [ln.get_color() for ln in loss_ax.get_lines()] == ["C1"]
+    first, second = (plots.row_style(i)["color"] for i in range(2))
+    assert colour == {"a": first, long: second, "rule": "grey"}
+    assert [ln.get_color() for ln in loss_ax.get_lines()] == [second]
+
+
+def test_an_approx_error_sweeps_jobs_are_listed_in_natural_order(tmp_path, capsys):
+    """Jobs 0 and 1 of a sweep over m = 16, 128: the folders came in natural order, but the
+    table's rows were sorted by their job text, "...=128" before "...=16"."""
+    for job, m in enumerate((16, 128)):
+        rows = pd.DataFrame(
+            {"source": "smooth", "seq_len": 64, "head_dim": 64, "layer": 0, "sequence": 0,
+             "head": [0, 1], "n": 64, "method": "nystrom", "budget": m,
+             "metric": "output_error", "value": [0.2, 0.1], "scale": 1.0,
+             "correlation_length": 64.0, "dtype": "fp64", "pinv": "iterative",
+             "pinv_iterations": 6, "pinv_tolerance": None, "seed": 0,
+             "budget_unit": "landmarks"}
+        )  # fmt: skip
+        fake_run(tmp_path / "sweep" / str(job), "approx_error",
+                 [f"attention.num_landmarks={m}"], rows)  # fmt: skip
+    runs = [load_run(p) for p in find_run_folders([tmp_path / "sweep"])]
+    jobs = ["attention.num_landmarks=16", "attention.num_landmarks=128"]
+    assert list(summarise(report.aggregate(runs)).job) == jobs
+    capsys.readouterr()
+    report.show_report([tmp_path / "sweep"])
+    shown = capsys.readouterr().out
+    assert jobs[0] in shown and shown.index(jobs[0]) < shown.index(jobs[1])
 
 
 def test_a_binary_metrics_file_leaves_out_one_curve_not_the_report(tmp_path, figures, capsys):

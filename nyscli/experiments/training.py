@@ -21,9 +21,11 @@ from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.renamed import upgrade_recorded
 from nyscli.models.bert import BertConfig
+from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import (
+    METRICS_FILE,
     FitResult,
     ShuffledBatches,
     TrainerConfig,
@@ -43,6 +45,7 @@ from nyscli.train.resume import (
     recorded_overrides,
     saved_config,
 )
+from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 # Command-line keys that set the schedule explicitly: kept as given when --steps scales it.
@@ -191,6 +194,19 @@ def class_balance(name: str, labels: np.ndarray | None, num_classes: int) -> Cla
     else:
         log.info(balance.describe(name))
     return balance
+
+
+def write_learning_curve(
+    run_dir: Path, title: str, best_step: int | None, dev: ClassBalance | None
+) -> Path | None:
+    """The run's ``learning_curve.png`` from its metrics.csv: the reported model's scores (test,
+    ``<split> (best)``) at ``best_step``, where that checkpoint comes from (they were drawn at
+    the last step, as if the last model were the one reported), and the dev set's
+    majority-class rate as the line a dev curve has to leave."""
+    baseline = None if dev is None else (dev.majority_rate, "majority class (dev)")
+    metrics = read_metrics(run_dir / METRICS_FILE)
+    path = run_dir / LEARNING_CURVE_FILE
+    return learning_curve(metrics, path, title, best_step=best_step, baseline=baseline)
 
 
 def baseline_fields(

@@ -163,11 +163,16 @@ def _launch(command: str, arguments: list[str]) -> int:
             f"the sweep there (job {failed.job}{of}: no later job was started)"
         )
         return failed.code
+    except USER_ERRORS as error:
+        # A sweeper's refusal before its first job (a search whose study cannot be opened);
+        # the jobs' own faults became Abort or a failed job in Task already.
+        if fresh is not None and not find_run_folders([fresh]):
+            discard_failed(fresh, made_parents)
+        say_error(fault_line(error))
+        return 2
     except (Abort, TrainingInterrupted) as abort:
-        # An interrupted run keeps its folder: the message says how to resume it. A sweep
-        # stopped before its first job (its sweeper refused) leaves no folder either.
-        no_job = not multirun or not find_run_folders([fresh] if fresh else [])
-        if isinstance(abort, Abort) and fresh is not None and no_job:
+        # An interrupted run keeps its folder: the message says how to resume it.
+        if isinstance(abort, Abort) and fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
         say_error(abort.message)
         return abort.code

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from nyscli.output.plots import pyplot, save_figure
+from nyscli.output.plots import PALETTE, pyplot, row_style, save_figure, shared_legend
 
 # The learning-curve figure of a training run folder (lra, finetune).
 LEARNING_CURVE_FILE = "learning_curve.png"
@@ -31,32 +31,68 @@ def axis_label(label: str, column: str) -> str:
     return f"{label} (%)" if is_rate(column) and "%" not in label else label
 
 
-def learning_curve(
-    metrics: pd.DataFrame, path: Path, title: str = "", metric: str = "accuracy"
-) -> Path | None:
-    """Two panels (loss, ``metric``) with one line per split (train, dev); test as a marker.
+# Each split's look in a run's learning curve, the same in both panels (the panels' own colour
+# cycles gave dev orange beside the loss and blue beside the accuracy). The reported model's
+# rows (the best-dev checkpoint on test and on all of dev) are markers alone.
+SPLIT_STYLES = {
+    "train": {"color": PALETTE[0], "marker": "o", "markersize": 3},
+    "dev": {"color": PALETTE[1], "marker": "o", "markersize": 3},
+    "test": {"color": PALETTE[3], "marker": "*", "markersize": 13, "linestyle": "none"},
+}
+REPORTED = {"marker": "D", "markersize": 8, "linestyle": "none"}
+BASELINE_STYLE = {"color": "grey", "linestyle": "--", "linewidth": 1}
 
-    ``metrics`` has columns step, split, loss, <metric>. Returns None if there is nothing
-    to draw.
+
+def _split_style(split: str, index: int) -> dict[str, Any]:
+    """How ``split`` (the ``index``-th drawn) is drawn: its fixed style, the reported model's
+    marker for ``<split> (best)`` (in its split's colour), else the figure's row style."""
+    if split in SPLIT_STYLES:
+        return SPLIT_STYLES[split]
+    base = split.removesuffix(" (best)")
+    if base != split:
+        colour = SPLIT_STYLES.get(base, row_style(index))["color"]
+        return {**REPORTED, "color": colour}
+    return {**row_style(index), "markersize": 3}
+
+
+def learning_curve(
+    metrics: pd.DataFrame,
+    path: Path,
+    title: str = "",
+    metric: str = "accuracy",
+    best_step: int | None = None,
+    baseline: tuple[float, str] | None = None,
+) -> Path | None:
+    """Two panels (loss, ``metric``) with one line per split (train, dev); test and
+    ``<split> (best)`` as markers.
+
+    ``metrics`` has columns step, split, loss, <metric>. The test and ``(best)`` rows are
+    the best-dev checkpoint's scores, logged after training: drawn at ``best_step`` (the step
+    that model comes from; at their logged step when None) they sit above the dev point they
+    repeat, not at the end of the run. ``baseline`` (value, label) is drawn across the
+    ``metric`` panel as a dashed line (e.g. the majority class). Returns None if there is
+    nothing to draw.
     """
     if metrics.empty:
         return None
-    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    reported = metrics["split"].isin(["test"]) | metrics["split"].str.endswith(" (best)")
+    if best_step is not None:
+        metrics = metrics.assign(step=metrics["step"].where(~reported, best_step))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    splits = list(dict.fromkeys(metrics["split"]))
     for ax, column in zip(axes, ("loss", metric), strict=True):
         if column not in metrics:
             continue
         for split, group in metrics.dropna(subset=[column]).groupby("split", sort=False):
-            # A single dev point must still show: every split gets markers, test a star alone.
-            style = (
-                {"marker": "*", "markersize": 12, "linestyle": "none"}
-                if split == "test"
-                else {"marker": "o", "markersize": 3}
-            )
+            style = _split_style(str(split), splits.index(split))
             ax.plot(group["step"], shown(column, group[column]), label=str(split), **style)
+        if baseline is not None and column == metric:
+            value, name = baseline
+            ax.axhline(shown(column, value), label=name, **BASELINE_STYLE)
         ax.set_xlabel("step")
         ax.set_ylabel(axis_label(column, column))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    shared_legend(fig, axes)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path, dpi=110)
@@ -80,7 +116,6 @@ def overlaid_curves(
     fig, axes = pyplot().subplots(
         1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, layout="constrained"
     )
-    legend: dict[str, object] = {}  # label -> handle, over all panels (a run has one colour)
     for ax, (split, column, label) in zip(axes[0], panels, strict=True):
         for index, (name, metrics) in enumerate(curves.items()):
             if column not in metrics:
@@ -89,25 +124,23 @@ def overlaid_curves(
             if points.empty:
                 continue
             points = points.sort_values("step")
-            # The run's colour by its place, not the panel's cycle: a run missing from one
+            # The run's look by its place, not the panel's cycle: a run missing from one
             # panel must not shift the others' colours away from the shared legend.
-            ax.plot(points["step"], shown(column, points[column]), marker="o", markersize=3,
-                    label=name, color=f"C{index % 10}")  # fmt: skip
+            ax.plot(points["step"], shown(column, points[column]), markersize=3, label=name,
+                    **row_style(index))  # fmt: skip
             drawn = True
         if baselines and column in baselines:
             value, name = baselines[column]
-            ax.axhline(shown(column, value), color="grey", linestyle="--", label=name)
+            ax.axhline(shown(column, value), label=name, **BASELINE_STYLE)
         ax.set_xlabel("step")
         ax.set_ylabel(axis_label(label, column))
         ax.grid(True, alpha=0.3)
-        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
-            legend.setdefault(name, handle)
     if not drawn:
         pyplot().close(fig)
         return None
     # One legend under the panels: runs' labels (their differing overrides) are often wider
     # than a panel, and a legend inside each one squeezed the plots to slivers.
-    fig.legend(legend.values(), legend.keys(), loc="outside lower center", fontsize=8)
+    shared_legend(fig, axes[0])
     if title:
         fig.suptitle(title)
     return save_figure(fig, path, dpi=110)

@@ -11,7 +11,7 @@ from torch import Tensor
 from nyscli.experiments.approx_error.methods import NOTES
 from nyscli.experiments.approx_error.metrics import METRIC_LABELS
 from nyscli.experiments.approx_error.summary import summarise
-from nyscli.output.plots import loglog_panels, pyplot, save_figure
+from nyscli.output.plots import loglog_panels, pyplot, row_style, save_figure, shared_legend
 
 PLOTTED = ("output_error", "matrix_error")
 MAX_PIXELS = 512  # larger matrices are block-averaged down to this many rows/columns
@@ -19,7 +19,8 @@ MAX_COLUMNS = 4  # panels per row of the S-next-to-Ŝ figure
 
 
 def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
-    """Log-log mean error versus budget m, one line per method (and source, if several).
+    """Log-log mean error versus budget m, one line per method (and source, if several); the
+    y range is the methods', the SVD baseline's points below it sit on the edge (▼).
 
     Methods without a budget (uniform, linear) are drawn flat across the budgets present.
     Untrained or random rivals and the baselines say so in the legend; Nyström with an
@@ -49,7 +50,11 @@ def error_vs_budget(df: pd.DataFrame, path: Path) -> Path | None:
     if "seq_len" in df and df["seq_len"].nunique() == 1:
         title += f", n={df['seq_len'].iloc[0]}"
     title += "\n" + FOOTNOTE
-    return loglog_panels(summary, "budget", panels, "line", path, title=title)
+    # The SVD's error falls to rounding (1e-15) while every method stays above ~1e-5: on one
+    # range the methods were squashed into the top of the panel. It marks its points beyond
+    # the methods' range on the edge instead.
+    exact = set(summary.loc[summary["method"] == "svd", "line"])
+    return loglog_panels(summary, "budget", panels, "line", path, title=title, off_scale=exact)
 
 
 FOOTNOTE = (
@@ -82,20 +87,20 @@ def error_per_layer(
         return None
     keys = [k for k in layers.columns if isinstance(k, str)]
     columns = [k for k in layers.columns if not isinstance(k, str)]
-    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
-    for row in layers.itertuples(index=False, name=None):
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2), layout="constrained")
+    for index, row in enumerate(layers.itertuples(index=False, name=None)):
         label = ", ".join(
             f"{symbol}={v}" if k == "budget" else str(v)
             for k, v in zip(keys, row[: len(keys)], strict=True)
             if not pd.isna(v)
         )
-        ax.plot(columns, row[len(keys) :], marker="o", label=label)
+        ax.plot(columns, row[len(keys) :], label=label, **row_style(index))
     ax.set_yscale("log")
     ax.set_xticks(columns)
     ax.set_xlabel("layer")
     ax.set_ylabel(f"mean {METRIC_LABELS['output_error']}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    shared_legend(fig, [ax], fontsize=7)
     if title:
         ax.set_title(title)
     return save_figure(fig, path, dpi=120)

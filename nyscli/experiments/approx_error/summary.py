@@ -37,11 +37,19 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
             wide[f"{metric}_{stat}"] = stats[(stat, metric)]
     wide["heads"] = stats["count"].max(axis=1).astype(int)
     wide = wide.reset_index()
-    order = {m: i for i, m in enumerate(dict.fromkeys(df["method"]))}
-    wide["_order"] = wide["method"].map(order)
-    return wide.sort_values([*keys[:-2], "_order", "budget"], na_position="first").drop(
-        columns="_order"
-    )
+    # Text keys (job, source) and methods in the order their rows come: runs arrive in natural
+    # order (``nys report``: job 16 before job 128), which sorting the text undid ("...=128"
+    # before "...=16"). Numbers (seq_len, budget) sort as numbers.
+    order = []
+    for key in [*keys[:-2], "method"]:
+        if pd.api.types.is_numeric_dtype(wide[key]):
+            order.append(key)
+            continue
+        first = {value: i for i, value in enumerate(dict.fromkeys(df[key]))}
+        wide[f"_{key}"] = wide[key].map(first)
+        order.append(f"_{key}")
+    ordered = wide.sort_values([*order, "budget"], na_position="first", kind="stable")
+    return ordered.drop(columns=[c for c in order if c.startswith("_")])
 
 
 def per_layer(df: pd.DataFrame, metric: str = "output_error") -> pd.DataFrame:

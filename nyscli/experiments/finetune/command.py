@@ -74,13 +74,12 @@ from nyscli.experiments.training import (
     resume_pins,
     start_run,
     trainer_config,
+    write_learning_curve,
 )
 from nyscli.models.bert_classifier import BertClassifier
-from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.paper import TABLE2
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table, whole
 from nyscli.train import (
-    METRICS_FILE,
     ShuffledBatches,
     Trainer,
     TrainerConfig,
@@ -88,7 +87,6 @@ from nyscli.train import (
     eval_batches,
 )
 from nyscli.train.checkpoint import load_best
-from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +267,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))
-    learning_curve(read_metrics(run_dir / METRICS_FILE), run_dir / LEARNING_CURVE_FILE,
-                   f"{task}, init {init_label(start.source)}, {attention}")  # fmt: skip
+    write_learning_curve(run_dir, f"{task}, init {init_label(start.source)}, {attention}",
+                         fit.best_step, dev_balance)  # fmt: skip
     first = final.get(devs[0], {})
     score = (test if reported == "test" else first).get("accuracy", math.nan)
     fields: dict[str, Any] = {

@@ -45,19 +45,17 @@ from nyscli.experiments.training import (
     resume_pins,
     start_run,
     trainer_config,
+    write_learning_curve,
 )
 from nyscli.models import INITS, POOLINGS, build_classifier
-from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
 from nyscli.train import (
-    METRICS_FILE,
     ShuffledBatches,
     Trainer,
     TrainerConfig,
     distributed,
     eval_batches,
 )
-from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +192,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
-    metrics = read_metrics(run_dir / METRICS_FILE)
-    learning_curve(metrics, run_dir / LEARNING_CURVE_FILE, f"LRA {cfg.task.name}, {label}")
+    write_learning_curve(run_dir, f"LRA {cfg.task.name}, {label}", fit.best_step, dev_balance)
     fields: dict[str, Any] = {
         "task": cfg.task.name,
         "dataset": data.dataset,

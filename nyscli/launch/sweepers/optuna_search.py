@@ -29,7 +29,6 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from nyscli.errors import UserInputError
-from nyscli.launch.faults import Abort
 from nyscli.launch.sweepers.search import (
     FOLDER_ATTR,
     RESULTS_FILE,
@@ -116,7 +115,8 @@ class OptunaSearch(Sweeper):
         )
 
     def _study(self) -> Any:
-        """The study, created or loaded; one line (exit 2) when its storage cannot be opened
+        """The study, created or loaded; a user error (one line, exit 2) when its storage
+        cannot be opened
         (a file that is not a database, a folder that does not exist), not SQLAlchemy's
         130-line traceback."""
         try:
@@ -129,10 +129,9 @@ class OptunaSearch(Sweeper):
             )
         except Exception as error:  # SQLAlchemy's and optuna's many types alike
             reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
-            raise Abort(
+            raise UserInputError(
                 f"the search's study {self.storage} cannot be opened ({reason}); give "
-                "hydra.sweep.dir a new folder, or hydra.sweeper.storage another file",
-                2,
+                "hydra.sweep.dir a new folder, or hydra.sweeper.storage another file"
             ) from error
 
     def sweep(self, arguments: list[str]) -> None:
