@@ -23,14 +23,16 @@ EXP_FLOOR = -80.0  # as nystrom_local.EXP_FLOOR
 def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
     """x rounded to OP (to nearest, ties to even), in OP on a GPU; in Triton's interpreter,
     whose bf16 cast truncates and whose half-precision dot is not right, the same values
-    held in float32."""
+    held in float32. (One return, after constexpr branches: no early return in a kernel.)"""
     if NATIVE:
-        return x.to(OP)
-    if OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
+        out = x.to(OP)
+    elif OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
         bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    return x.to(OP).to(tl.float32)
+        out = bits.to(tl.float32, bitcast=True)
+    else:
+        out = x.to(OP).to(tl.float32)
+    return out
 
 
 @triton.jit
@@ -38,10 +40,13 @@ def mm(a, b, OP: tl.constexpr, DT: tl.constexpr, NATIVE: tl.constexpr):
     """a @ b in DT, the operands rounded to OP first: half-precision operands go to the
     tensor cores (float32 sums)."""
     if OP == DT:
-        return tl.dot(a.to(DT), b.to(DT), input_precision="ieee")
-    if NATIVE:
-        return tl.dot(a.to(OP), b.to(OP)).to(DT)
-    return tl.dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE), input_precision="ieee").to(DT)
+        out = tl.dot(a.to(DT), b.to(DT), input_precision="ieee")
+    elif NATIVE:
+        out = tl.dot(a.to(OP), b.to(OP)).to(DT)
+    else:
+        out = tl.dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE), input_precision="ieee")
+        out = out.to(DT)
+    return out
 
 
 @triton.jit
