@@ -334,6 +334,11 @@ def report(
         help="The combined CSV; each command's comparison PNG goes beside it as "
         "<stem>_<command>*.png (default: PATH/summary.csv for one PATH, else ./report.csv).",
     ),
+    per_run: bool = typer.Option(
+        False,
+        "--per-run",
+        help="Every run on its own (default: runs that differ only in seed as mean ± std).",
+    ),
 ) -> None:
     """Aggregate run folders (also partly failed sweeps) into one table, one CSV and the figure
     that compares them (pre-training curves, learning curves, error vs budget, time/memory)."""
@@ -345,7 +350,7 @@ def report(
     if out.is_dir():
         fail(f"--out={out} is a folder; give a file name, e.g. --out {out / 'summary.csv'}")
     try:
-        show_report(paths, out, figures=out.parent)
+        show_report(paths, out, figures=out.parent, per_run=per_run)
     except UserInputError as error:
         fail(str(error))
     except OSError as error:

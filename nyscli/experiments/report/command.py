@@ -19,6 +19,7 @@ from nyscli.files import write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
+from nyscli.output.seeds import mean_std, means_frame, seed_groups, spread_table
 from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.splits import DEV, TRAIN, curve_or_warning
 
@@ -28,13 +29,20 @@ Figure = Callable[[list[RunFolder], pd.DataFrame, Path], list[Path]]
 
 
 def show_report(
-    paths: list[Path], out: Path | None = None, figures: Path | None = None
+    paths: list[Path],
+    out: Path | None = None,
+    figures: Path | None = None,
+    per_run: bool = False,
 ) -> pd.DataFrame:
     """Print each command's table for the runs under ``paths``, list failed runs, and write
     the stacked results to ``out`` (if given) with each command's comparison figure beside it
     (``<out stem>_<command>*.png``). A command module with ``write_figures(df, folder)`` also
     writes its own files (plots, derived tables) into ``figures`` (if given). Returns the
-    stacked results."""
+    stacked results.
+
+    Runs that differ only in their seed are shown as one row of means, then their spread
+    (mean ± std, n, the seeds), written to ``<out stem>_seeds.csv``; ``per_run`` shows every
+    run on its own instead."""
     runs = [load_run(p) for p in find_run_folders(paths)]
     if not runs:  # a typo'd or empty folder is a mistake to report, not an empty success
         raise UserInputError(
@@ -48,13 +56,20 @@ def show_report(
     by_command: dict[str, list[RunFolder]] = {}
     for run in runs:
         by_command.setdefault(run.command, []).append(run)
-    frames = []
+    frames, spreads = [], []
     for command, group in by_command.items():
         df = aggregate(group)
         frames.append(df.assign(command=command))
+        seeds = [] if per_run else seed_groups(group)
         if not df.empty and command in COMMANDS:
             module = experiment_module(command)
-            console.print(_rendered(module.render, df, command, group))
+            if any(g.n > 1 for g in seeds):
+                console.print(_rendered(module.render, means_frame(seeds), command, group))
+                spread = spread_table(seeds)
+                console.print(_spread_table(command, spread))
+                spreads.append(spread.assign(command=command))
+            else:
+                console.print(_rendered(module.render, df, command, group))
             if figures is not None and hasattr(module, "write_figures"):
                 for path in module.write_figures(df, figures):
                     console.print(f"wrote {path}", markup=False, highlight=False)
@@ -71,6 +86,9 @@ def show_report(
     if out is not None:
         write_csv(combined, out)
         console.print(f"wrote {out}", markup=False, highlight=False)
+        if spreads:
+            seeds_csv = write_csv(pd.concat(spreads), out.with_name(f"{out.stem}_seeds.csv"))
+            console.print(f"wrote {seeds_csv}", markup=False, highlight=False)
         for command, group in by_command.items():
             done = [run for run in group if run.ok]
             figure = FIGURES.get(command)
@@ -96,6 +114,34 @@ def _rendered(
             f"{', '.join(lacking) or 'these runs'}: results.csv lacks the column '{column}' "
             f"that a {command} run writes; is it a {command} run folder?"
         ) from error
+
+
+# The results a spread table shows first, when a command's rows have them; else every one.
+HEADLINE = ("test_accuracy", "best_dev_accuracy", "score", "value", "time_ms", "peak_mb",
+            "mlm_accuracy", "sop_accuracy", "tokens_per_s")  # fmt: skip
+# Columns that say which row a result belongs to, as shown beside it.
+ROW_KEYS = ("task", "attention", "method", "metric", "seq_len", "budget", "layer", "head")
+SPREAD_ROWS = 40  # more are in <out>_seeds.csv
+
+
+def _spread_table(command: str, spread: pd.DataFrame) -> Any:
+    """Mean ± std (n) over the seeds of each group's headline results (a rich table)."""
+    from rich.table import Table
+
+    shown = (
+        spread[spread["result"].isin(HEADLINE)] if spread["result"].isin(HEADLINE).any() else spread
+    )
+    keys = [k for k in ROW_KEYS if k in shown.columns and shown[k].nunique() > 1]
+    title = f"{command}: mean ± std over seeds (std with ddof = 1)"
+    table = Table(title=title)
+    for column in ("runs", *keys, "result", "mean ± std (n)", "seeds"):
+        table.add_column(column)
+    for row in shown.head(SPREAD_ROWS).itertuples(index=False):
+        cells = [str(row.group), *(str(getattr(row, k)) for k in keys), str(row.result)]
+        table.add_row(*cells, mean_std(row.mean, row.std, row.n), str(row.seeds))
+    if len(shown) > SPREAD_ROWS:
+        table.caption = f"{len(shown) - SPREAD_ROWS} more rows in the report's _seeds.csv"
+    return table
 
 
 def run_labels(runs: list[RunFolder]) -> dict[Path, str]:

@@ -1,0 +1,79 @@
+"""``nys report`` with seeds as a dimension: runs that differ only in their seed are one row of
+means and one row of spread (mean ± std with ddof 1, n, the seeds), checked against NumPy;
+``--per-run`` shows every run as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nyscli.experiments.report.command import show_report
+
+ACCURACY = {("softmax", 0): 0.31, ("softmax", 1): 0.35, ("softmax", 2): 0.40,
+            ("nystrom", 0): 0.36, ("nystrom", 1): 0.33, ("nystrom", 2): 0.37}  # fmt: skip
+
+
+def lra_run(folder: Path, attention: str, seed: int, threads: int) -> None:
+    """A run folder of nys lra as far as the report reads it: config, overrides, results."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text(
+        f"command: lra\nseed: {seed}\nthreads: {threads}\nattention:\n  name: {attention}\n"
+        "trainer:\n  max_steps: 3\n"
+    )
+    overrides = [f"attention={attention}", f"seed={seed}", f"threads={threads}"]
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    results = {
+        "task": "listops", "dataset": "ListOps", "attention": attention, "seed": seed,
+        "test_accuracy": ACCURACY[attention, seed], "best_dev_accuracy": 0.3 + seed / 100,
+        "rule_accuracy": 0.36, "trivial_rule": "outer operator", "test_loss": 2.0,
+        "majority_rate": 0.175, "chance_rate": 0.1, "steps": 3, "max_steps": 3,
+        "wall_s": 1.0 + seed, "tokens_per_s": 1000.0 * (seed + 1), "peak_mb": 500.0,
+        "test_examples": 16, "max_len": 40, "status": "ok",
+    }  # fmt: skip
+    pd.DataFrame([results]).to_csv(folder / "results.csv", index=False)
+
+
+def sweep(tmp_path: Path) -> Path:
+    # threads differs too: it never changes a result, so it does not split a group.
+    for job, (attention, seed) in enumerate(ACCURACY):
+        lra_run(tmp_path / "sweep" / str(job), attention, seed, threads=1 + job % 2)
+    return tmp_path / "sweep"
+
+
+def test_seeds_pool_into_mean_and_std_equal_to_numpys(tmp_path, capsys):
+    folder = sweep(tmp_path)
+    out = tmp_path / "report.csv"
+    show_report([folder], out)
+    shown = " ".join(capsys.readouterr().out.split())
+    seeds = pd.read_csv(tmp_path / "report_seeds.csv")
+    accuracy = seeds[seeds.result == "test_accuracy"].set_index("group")
+    assert list(accuracy.index) == ["attention=softmax", "attention=nystrom"]
+    for attention in ("softmax", "nystrom"):
+        values = np.array([ACCURACY[attention, s] for s in range(3)])
+        row = accuracy.loc[f"attention={attention}"]
+        assert row.n == 3 and row.seeds == "0 1 2"
+        assert np.isclose(row["mean"], values.mean()) and np.isclose(row["std"], values.std(ddof=1))
+        assert f"attention={attention}" in shown
+        assert f"{values.mean():.4g} ± {values.std(ddof=1):.2g} (n = 3)" in shown
+    assert "std with ddof = 1" in shown
+    # Two rows of means in the command's own table, then the stacked per-run CSV as before.
+    assert len(pd.read_csv(out)) == 6
+
+
+def test_per_run_shows_every_run_and_writes_no_spread(tmp_path, capsys):
+    folder = sweep(tmp_path)
+    show_report([folder], tmp_path / "report.csv", per_run=True)
+    shown = capsys.readouterr().out
+    assert "mean ± std" not in shown and not (tmp_path / "report_seeds.csv").exists()
+
+
+def test_one_run_per_setting_says_n_1_without_a_spread(tmp_path, capsys):
+    lra_run(tmp_path / "a", "softmax", 0, 1)
+    lra_run(tmp_path / "b", "softmax", 1, 1)
+    lra_run(tmp_path / "c", "nystrom", 0, 1)
+    show_report([tmp_path], tmp_path / "r.csv")
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "0.36 (n = 1)" in shown and "0.36 ±" not in shown
+    assert "0.33 ± 0.028 (n = 2)" in shown
