@@ -77,3 +77,39 @@ def test_one_run_per_setting_says_n_1_without_a_spread(tmp_path, capsys):
     shown = " ".join(capsys.readouterr().out.split())
     assert "0.36 (n = 1)" in shown and "0.36 ±" not in shown
     assert "0.33 ± 0.028 (n = 2)" in shown
+
+
+def test_learning_curves_draw_each_settings_mean_with_a_min_max_band(tmp_path, monkeypatch):
+    from nyscli.experiments.report import command as report
+    from nyscli.output import curves
+    from nyscli.output.runs import find_run_folders, load_run
+
+    folder = sweep(tmp_path)
+    for job, (attention, seed) in enumerate(ACCURACY):  # finetune-style curves per run
+        rows = [{"step": s, "split": "dev", "accuracy": ACCURACY[attention, seed] + s / 100,
+                 "loss": 1.0} for s in (1, 2)]  # fmt: skip
+        rows += [{"step": s, "split": "train", "loss": 2.0 - s / 10 + seed / 100} for s in (1, 2)]
+        pd.DataFrame(rows).to_csv(folder / str(job) / "metrics.csv", index=False)
+    drawn = {}
+    original = curves.save_figure
+
+    def capture(fig, path, dpi=120):
+        dev = fig.axes[0]
+        drawn["lines"] = {ln.get_label(): list(ln.get_ydata()) for ln in dev.get_lines()}
+        drawn["bands"] = [c.get_paths()[0].vertices[:, 1] for c in dev.collections]
+        return original(fig, path, dpi)
+
+    monkeypatch.setattr(curves, "save_figure", capture)
+    runs = [load_run(p) for p in find_run_folders([folder])]
+    report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "f")
+    label = "attention=softmax (mean of 3 seeds; band: min-max)"
+    softmax = np.array([ACCURACY["softmax", s] for s in range(3)])
+    np.testing.assert_allclose(
+        drawn["lines"][label], 100 * (softmax.mean() + np.array([0.01, 0.02]))
+    )
+    assert len(drawn["bands"]) == 2  # one band per setting
+    band = drawn["bands"][0]
+    assert np.isclose(band.min(), 100 * (softmax.min() + 0.01))
+    assert np.isclose(band.max(), 100 * (softmax.max() + 0.02))
+    report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "g", per_run=True)
+    assert len(drawn["lines"]) >= 6 and not drawn["bands"]  # every run its own line

@@ -98,15 +98,29 @@ def learning_curve(
     return save_figure(fig, path, dpi=110)
 
 
+def _points(metrics: pd.DataFrame | list[pd.DataFrame], split: str, column: str) -> pd.DataFrame:
+    """(step, mean, low, high, n) of ``column`` on ``split``: one run's points (low = high =
+    mean), or several seeds' pooled step by step (the band from their min to their max)."""
+    runs = metrics if isinstance(metrics, list) else [metrics]
+    parts = [m[m["split"] == split][["step", column]].dropna() for m in runs if column in m]
+    if not parts:
+        return pd.DataFrame(columns=["step", "mean", "low", "high", "n"])
+    points = pd.concat(parts).groupby("step")[column]
+    return pd.DataFrame(
+        {"mean": points.mean(), "low": points.min(), "high": points.max(), "n": points.count()}
+    ).reset_index()
+
+
 def overlaid_curves(
-    curves: Mapping[str, pd.DataFrame],
+    curves: Mapping[str, pd.DataFrame | list[pd.DataFrame]],
     panels: Sequence[tuple[str, str, str]],
     path: Path,
     title: str = "",
     baselines: Mapping[str, tuple[float, str]] | None = None,
 ) -> Path | None:
     """Several runs' learning curves on shared axes: one panel per (split, column, axis label),
-    one line per run. ``curves``: label -> that run's metrics (columns step, split, <column>).
+    one line per run. ``curves``: label -> that run's metrics (columns step, split, <column>),
+    or a list of them (the seeds of one setting: their mean, with a min-max band).
     ``baselines``: column -> (value, label), drawn as a dashed line across that panel (the
     trivial rule a curve has to leave).
 
@@ -118,16 +132,19 @@ def overlaid_curves(
     )
     for ax, (split, column, label) in zip(axes[0], panels, strict=True):
         for index, (name, metrics) in enumerate(curves.items()):
-            if column not in metrics:
-                continue
-            points = metrics[metrics["split"] == split].dropna(subset=[column])
+            points = _points(metrics, split, column)
             if points.empty:
                 continue
-            points = points.sort_values("step")
             # The run's look by its place, not the panel's cycle: a run missing from one
             # panel must not shift the others' colours away from the shared legend.
-            ax.plot(points["step"], shown(column, points[column]), markersize=3, label=name,
-                    **row_style(index))  # fmt: skip
+            style = row_style(index)
+            if isinstance(metrics, list):
+                name = f"{name} (mean of {len(metrics)} seeds; band: min-max)"
+                ax.fill_between(points["step"], shown(column, points["low"]),
+                                shown(column, points["high"]), color=style["color"],
+                                alpha=0.2, linewidth=0)  # fmt: skip
+            ax.plot(points["step"], shown(column, points["mean"]), markersize=3, label=name,
+                    **style)  # fmt: skip
             drawn = True
         if baselines and column in baselines:
             value, name = baselines[column]

@@ -45,12 +45,15 @@ class SeedGroup:
 
 
 def settings(run: RunFolder) -> str:
-    """The run's resolved config without ``NOT_A_SETTING``, as canonical JSON."""
+    """The run's resolved config and its overrides without ``NOT_A_SETTING``, as canonical
+    JSON; a config with no seed at all is a group of its own (its folder in the key)."""
     config_file = Path(run.path) / ".hydra" / "config.yaml"
     config = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False)
     assert isinstance(config, dict)
     kept = {key: value for key, value in config.items() if key not in NOT_A_SETTING}
-    return json.dumps(kept, sort_keys=True, default=str)
+    given = sorted(o for o in run.overrides if o.split("=")[0].lstrip("+~") not in NOT_A_SETTING)
+    alone = None if "seed" in config else str(run.path)
+    return json.dumps([kept, given, alone], sort_keys=True, default=str)
 
 
 def seed_of(run: RunFolder) -> int | str:

@@ -19,13 +19,13 @@ from nyscli.files import write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
-from nyscli.output.seeds import mean_std, means_frame, seed_groups, spread_table
+from nyscli.output.seeds import group_labels, mean_std, means_frame, seed_groups, spread_table
 from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.splits import DEV, TRAIN, curve_or_warning
 
 # A figure: (the command's runs that have results, their stacked results, the path prefix
 # "<folder>/<csv stem>_<command>") -> the PNGs written.
-Figure = Callable[[list[RunFolder], pd.DataFrame, Path], list[Path]]
+Figure = Callable[[list[RunFolder], pd.DataFrame, Path, bool], list[Path]]
 
 
 def show_report(
@@ -95,7 +95,7 @@ def show_report(
             if figure is None or not done:
                 continue
             prefix = out.with_name(f"{out.stem}_{command}")
-            for png in figure(done, aggregate(done), prefix):
+            for png in figure(done, aggregate(done), prefix, per_run):
                 console.print(f"wrote {png}", markup=False, highlight=False)
     return combined
 
@@ -161,15 +161,26 @@ def _png(prefix: Path, part: str = "") -> Path:
     return prefix.with_name(f"{prefix.name}_{part}.png" if part else f"{prefix.name}.png")
 
 
-def _curves(runs: list[RunFolder]) -> dict[str, pd.DataFrame]:
-    """label -> metrics.csv of each run that has a readable one."""
+def _curves(runs: list[RunFolder], per_run: bool = False) -> dict[str, Any]:
+    """label -> metrics.csv of each run that has a readable one; unless ``per_run``, the
+    seeds of one setting together under their group's label (a list: drawn as a band)."""
     labels = run_labels(runs)
-    curves = {}
+    curves: dict[str, Any] = {}
     for run in runs:
         path = run.path / METRICS_FILE
         if path.exists() and (curve := curve_or_warning(path)) is not None:
             curves[labels[run.path]] = curve
-    return curves
+    groups = [] if per_run else seed_groups(runs)
+    if not any(g.n > 1 for g in groups):
+        return curves
+    pooled: dict[str, Any] = {}
+    for group, label in zip(groups, group_labels(groups), strict=True):
+        seeds = [curves[labels[r.path]] for r in group.runs if labels[r.path] in curves]
+        if len(seeds) > 1:
+            pooled[label] = seeds
+        elif seeds:
+            pooled[label] = seeds[0]
+    return pooled
 
 
 def _by_task(runs: list[RunFolder]) -> dict[str, list[RunFolder]]:
@@ -198,7 +209,9 @@ def _baselines(runs: list[RunFolder], columns: dict[str, tuple[str, str]]) -> di
     return {key: line for key, line in found.items() if line is not None}
 
 
-def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+def pretrain_figure(
+    runs: list[RunFolder], df: pd.DataFrame, prefix: Path, per_run: bool = False
+) -> list[Path]:
     """Fig. 5: dev MLM and SOP accuracy against step, one line per run, each panel with its
     baseline (the most frequent token; SOP's majority class)."""
     panels = [
@@ -213,11 +226,13 @@ def pretrain_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> li
         },
     )
     title = f"pre-training: masked LM and sentence order, {DEV}"
-    path = overlaid_curves(_curves(runs), panels, _png(prefix), title, baselines)
+    path = overlaid_curves(_curves(runs, per_run), panels, _png(prefix), title, baselines)
     return [path] if path else []
 
 
-def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+def learning_curves_figure(
+    runs: list[RunFolder], df: pd.DataFrame, prefix: Path, per_run: bool = False
+) -> list[Path]:
     """Fine-tuning (LRA draws its own with Table 3, ``lra.write_figures``): dev accuracy and
     train loss against step, one line per run, one figure per task (tasks share no axes)."""
     panels = [(DEV, "accuracy", f"{DEV} accuracy"), (TRAIN, "loss", f"{TRAIN} loss")]
@@ -225,12 +240,15 @@ def learning_curves_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path
     for task, group in _by_task(runs).items():
         title = f"{runs[0].command} {task}: learning curves".replace("  ", " ")
         baselines = _baselines(group, {"accuracy": ("majority_rate", "majority class")})
-        path = overlaid_curves(_curves(group), panels, _png(prefix, task), title, baselines)
+        curves = _curves(group, per_run)
+        path = overlaid_curves(curves, panels, _png(prefix, task), title, baselines)
         written += [path] if path else []
     return written
 
 
-def approx_error_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+def approx_error_figure(
+    runs: list[RunFolder], df: pd.DataFrame, prefix: Path, per_run: bool = False
+) -> list[Path]:
     """Error against budget m over all jobs (a sweep of attention.num_landmarks gives one
     point per job): one line per method, jobs pooled."""
     pooled = df.drop(columns=["job", "run_dir"], errors="ignore")
@@ -238,7 +256,9 @@ def approx_error_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -
     return [path] if path else []
 
 
-def bench_figure(runs: list[RunFolder], df: pd.DataFrame, prefix: Path) -> list[Path]:
+def bench_figure(
+    runs: list[RunFolder], df: pd.DataFrame, prefix: Path, per_run: bool = False
+) -> list[Path]:
     """Time and peak memory against n, one line per (attention row, run)."""
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
