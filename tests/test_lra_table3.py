@@ -194,7 +194,7 @@ def test_a_cell_of_several_runs_says_so() -> None:
     assert cell.runs == 2 and cell.test_accuracy == pytest.approx(0.45)
     console = Console(width=260, record=True)
     console.print(lra_table.render_table3(df))
-    assert "45.00 (mean of 2)" in console.export_text()
+    assert "45.00 ± 7.07 (n = 2)" in console.export_text()  # the std with ddof 1
     swept = df.assign(job=["trainer.lr=0.1"] * 4 + ["trainer.lr=0.2"] * 4)
     assert set(lra_table.table3_frame(swept).runs) == {1}  # different settings: separate rows
 

@@ -113,3 +113,12 @@ def test_learning_curves_draw_each_settings_mean_with_a_min_max_band(tmp_path, m
     assert np.isclose(band.max(), 100 * (softmax.max() + 0.02))
     report.learning_curves_figure(runs, report.aggregate(runs), tmp_path / "g", per_run=True)
     assert len(drawn["lines"]) >= 6 and not drawn["bands"]  # every run its own line
+
+
+def test_table3_shows_mean_and_std_beside_the_papers_number(tmp_path, capsys):
+    show_report([sweep(tmp_path)], tmp_path / "report.csv")
+    shown = capsys.readouterr().out
+    for attention in ("softmax", "nystrom"):
+        values = 100 * np.array([ACCURACY[attention, s] for s in range(3)])
+        assert f"{values.mean():.2f} ± {values.std(ddof=1):.2f} (n = 3)" in shown
+    assert "paper: Transformer" in shown and "37.10" in shown

@@ -3,7 +3,7 @@
 Rows are our runs (one per attention setting) under the paper's five rows; columns are the
 tasks in LRA order, each labelled with the data set actually read (a substitute is marked
 with a dagger and named under the table). Every cell is one run's test accuracy; a cell that
-holds several runs of identical settings shows their mean and says how many. Rows that
+holds several runs of identical settings (seeds) shows mean ± std (ddof 1) and n. Rows that
 differ in a swept setting other than task and attention (``job``) are separate rows.
 """
 
@@ -80,11 +80,20 @@ def table3_frame(df: pd.DataFrame) -> pd.DataFrame:
     for column in ("rule_accuracy", "tokens_per_s", "peak_mb", "steps"):
         if column not in df:
             df[column] = math.nan
+    if "n" in df and "test_accuracy_std" in df:
+        # Rows already pooled over seeds (nys report): each says its n and std.
+        df["runs"], df["test_std"] = df["n"], df["test_accuracy_std"]
+        counted = {"runs": ("runs", "sum"), "test_accuracy_std": ("test_std", "first")}
+    else:
+        counted = {
+            "runs": ("test_accuracy", "size"),
+            "test_accuracy_std": ("test_accuracy", lambda x: x.std(ddof=1)),
+        }
     out = (
         df.groupby(["row", "task", "dataset"], sort=False)
         .agg(
             attention=("attention", "first"),
-            runs=("test_accuracy", "size"),
+            **counted,
             test_accuracy=("test_accuracy", "mean"),
             rule_accuracy=("rule_accuracy", "mean"),
             tokens_per_s=("tokens_per_s", "mean"),
@@ -103,10 +112,13 @@ def _header(task: str, dataset: str) -> str:
     return f"{task}{mark}\n{dataset.split(' (')[0]}" if dataset else task
 
 
-def _cell(value: float, runs: int, fmt: str, scale: float) -> str:
+def _cell(value: float, runs: int, fmt: str, scale: float, std: float = math.nan) -> str:
+    """The value; over several runs their mean, ± their std (ddof 1) where it is known."""
     if pd.isna(value):
         return ""
     text = format(scale * value, fmt)
+    if runs > 1 and pd.notna(std):
+        return f"{text} ± {format(scale * std, fmt)} (n = {runs})"
     return f"{text} (mean of {runs})" if runs > 1 else text
 
 
@@ -128,7 +140,10 @@ def _layout(frame: pd.DataFrame, column: str, title: str, fmt: str, scale: float
         table.add_row(Text("trivial rule / majority", style="italic"), *cells, "", end_section=True)
     for row, group in frame.groupby("row", sort=False):
         cells = {(r.task, r.dataset): (getattr(r, column), r.runs) for r in group.itertuples()}
-        shown = [_cell(*cells.get(c, (math.nan, 1)), fmt, scale) for c in columns]
+        spread = {(r.task, r.dataset): getattr(r, f"{column}_std", math.nan)
+                  for r in group.itertuples()}  # fmt: skip
+        shown = [_cell(*cells.get(c, (math.nan, 1)), fmt, scale, spread.get(c, math.nan))
+                 for c in columns]  # fmt: skip
         if paper:
             values = [cells[c][0] for c in columns if c in cells and pd.notna(cells[c][0])]
             note = "" if len(values) == len(columns) else "*"
