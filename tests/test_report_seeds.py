@@ -122,3 +122,25 @@ def test_table3_shows_mean_and_std_beside_the_papers_number(tmp_path, capsys):
         values = 100 * np.array([ACCURACY[attention, s] for s in range(3)])
         assert f"{values.mean():.2f} ± {values.std(ddof=1):.2f} (n = 3)" in shown
     assert "paper: Transformer" in shown and "37.10" in shown
+
+
+def test_table2_cells_of_pooled_seeds_show_mean_and_std():
+    from rich.console import Console
+
+    from nyscli.experiments.finetune.command import table2
+
+    pooled = pd.DataFrame(
+        [
+            {"task": "sst2", "init": "minilm", "attention": "softmax", "max_len": 128,
+             "dev_accuracy": 0.9, "dev_accuracy_std": 0.012, "n": 3},
+            {"task": "mrpc", "init": "minilm", "attention": "softmax", "max_len": 128,
+             "dev_f1": 0.85, "dev_f1_std": 0.02, "dev_accuracy": 0.8, "n": 3},
+            {"task": "sst2", "init": "minilm", "attention": "nystrom", "max_len": 128,
+             "dev_accuracy": 0.88, "dev_accuracy_std": float("nan"), "n": 1},
+        ]
+    )  # fmt: skip
+    console = Console(width=250, record=True)
+    console.print(table2(pooled))
+    text = console.export_text()
+    assert "90.00 ± 1.20 (n = 3)" in text and "85.00 ± 2.00 (n = 3)" in text
+    assert "88.00" in text and "88.00 ±" not in text  # one run: no spread

@@ -310,15 +310,25 @@ def _column(r: Any) -> str:
 
 def _score(r: Any) -> float:
     """The number Table 2 reports: F1 for MRPC/QQP, IMDB test accuracy, else dev accuracy."""
+    return getattr(r, _score_column(r))
+
+
+def _score_column(r: Any) -> str:
+    """The results column :func:`_score` reads for row ``r``."""
     if r.task in ("mrpc", "qqp"):
-        return r.dev_f1
-    return r.test_accuracy if r.task == "imdb" else r.dev_accuracy
+        return "dev_f1"
+    return "test_accuracy" if r.task == "imdb" else "dev_accuracy"
 
 
 def _cell(r: Any) -> str:
+    """A Table-2 cell; a row pooled over seeds (nys report) shows mean ± std (n)."""
+    n = int(getattr(r, "n", 1) or 1)
+    seeds = f" (n = {n})" if n > 1 else ""
     if r.task == "mnli":
-        return f"{pct(r.dev_accuracy)}/{pct(r.dev_mm_accuracy)}"
-    return pct(_score(r))
+        return f"{pct(r.dev_accuracy)}/{pct(r.dev_mm_accuracy)}{seeds}"
+    std = getattr(r, f"{_score_column(r)}_std", math.nan)
+    spread = f" ± {pct(std)}" if n > 1 and pd.notna(std) else ""
+    return f"{pct(_score(r))}{spread}{seeds}"
 
 
 def _runs_table(df: pd.DataFrame) -> Table:
@@ -358,7 +368,7 @@ def table2(df: pd.DataFrame) -> Table:
     columns = [c for c in order if any(c in cells for cells in best.values())]
     columns += sorted({c for cells in best.values() for c in cells} - set(columns))
     table = Table(
-        title="Table 2 layout (%), best run per cell",
+        title="Table 2 layout (%), best run per cell (a setting's seeds: mean ± std, n)",
         caption="the best-dev checkpoint's F1 for MRPC/QQP, IMDB test accuracy, dev accuracy "
         "otherwise; MNLI m/mm",
         title_justify="left",
