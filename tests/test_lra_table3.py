@@ -352,3 +352,36 @@ def test_every_training_command_and_eval_only_start_a_new_peak(monkeypatch, tmp_
     device, _ = training.start_run(cfg, tmp_path)
     assert calls == [device]
     assert "reset_peak_memory(device)" in inspect.getsource(finetune_eval.evaluate_only)
+
+
+def test_seeds_of_one_row_share_its_cell_and_its_curve(tmp_path: Path, monkeypatch) -> None:
+    # A seed sweep's job label carries seed=...: the seeds are one row of Table 3 (mean ±
+    # std) and one line with a min-max band in curves_<task>.png, not a row and line each.
+    from nyscli.output import curves
+
+    df = result_rows()
+    listops = df[(df.task == "listops") & (df.attention == "softmax")]
+    seeds = pd.concat([listops.assign(job=f"attention=softmax seed={s}",
+                                      test_accuracy=0.40 + s / 100) for s in range(3)])  # fmt: skip
+    run_dirs = []
+    for s in range(3):
+        run = tmp_path / f"seed{s}"
+        run.mkdir()
+        pd.DataFrame({"step": [1, 2, 2], "split": ["train", "train", "dev"],
+                      "loss": [2.0 + s, 1.5 + s, 1.6], "accuracy": [0.1, 0.2, 0.3]}).to_csv(
+            run / "metrics.csv", index=False)  # fmt: skip
+        run_dirs.append(str(run))
+    seeds = seeds.assign(run_dir=run_dirs)
+    frame = lra_table.table3_frame(seeds)
+    assert len(frame) == 1 and frame.runs.iloc[0] == 3
+    assert frame.test_accuracy_std.iloc[0] == pytest.approx(np.std([0.40, 0.41, 0.42], ddof=1))
+    labels = []
+    original = curves.save_figure
+
+    def capture(fig, path, dpi=120):
+        labels.extend(ln.get_label() for ln in fig.axes[0].get_lines())
+        return original(fig, path, dpi)
+
+    monkeypatch.setattr(curves, "save_figure", capture)
+    lra_table.write_table3(seeds, tmp_path)
+    assert "softmax (mean of 3 seeds; band: min-max)" in labels

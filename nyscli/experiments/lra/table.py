@@ -60,11 +60,12 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def _row_key(r: pd.Series) -> str:
-    """The attention label, plus the swept settings other than task/attention that differ."""
+    """The attention label, plus the swept settings other than task/attention that differ;
+    the seed is no setting: a row's seeds share it (a cell's mean ± std, a curve's band)."""
     extra = [
         part
         for part in str(r.get("job", "") or "").split()
-        if not part.startswith(("task=", "attention=", "+task=", "+attention="))
+        if not part.lstrip("+").startswith(("task=", "attention=", "seed="))
     ]
     return " ".join([str(r.attention), *extra])
 
@@ -182,12 +183,14 @@ def write_table3(df: pd.DataFrame, folder: Path) -> list[Path]:
 
 
 def _task_curves(task: str, runs: pd.DataFrame, path: Path) -> Path | None:
-    """Train loss and dev accuracy against step, one line per run; the baseline dashed."""
-    curves = {}
+    """Train loss and dev accuracy against step, one line per row (a row's seeds: their mean
+    with a min-max band); the baseline dashed."""
+    seeds: dict[str, list[pd.DataFrame]] = {}
     for r in runs.itertuples():
         metrics_file = Path(str(r.run_dir)) / METRICS_FILE
         if metrics_file.is_file() and (curve := curve_or_warning(metrics_file)) is not None:
-            curves[_row_key(pd.Series(r._asdict()))] = curve
+            seeds.setdefault(_row_key(pd.Series(r._asdict())), []).append(curve)
+    curves = {key: found if len(found) > 1 else found[0] for key, found in seeds.items()}
     baseline = runs["rule_accuracy"].dropna() if "rule_accuracy" in runs else []
     baselines = {"accuracy": (baseline.mean(), "trivial rule")} if len(baseline) else None
     dataset = str(runs["dataset"].iloc[0]) if "dataset" in runs else ""
