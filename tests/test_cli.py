@@ -93,6 +93,38 @@ def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_
     assert len(rebuilt) == 1
 
 
+def test_a_sweep_over_attentions_times_only_the_swept_rows_under_their_own_labels(
+    run_nys, nys_here, tmp_path
+):
+    """Each job times its own attention alone (attention_set=none, said in one note line),
+    so no row of the default set turns up under another job's label in the report."""
+    done = run_nys(
+        "bench", "-m", "-n", "64", "attention=nystrom,softmax",
+        "attention.num_landmarks=8,16", *TINY,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "attention_set=none" in notes[0], done.stdout
+    [sweep] = list((tmp_path / "outputs" / "bench" / "multirun").iterdir())
+    jobs = run_dirs(sweep)
+    assert len(jobs) == 3
+    assert [len(pd.read_csv(job / "results.csv")) for job in jobs] == [1, 1, 1]
+    report = run_nys("report", str(sweep))
+    assert report.returncode == 0, report.stdout + report.stderr
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert sorted(zip(summary.attention, summary.job, strict=True)) == [
+        ("nystrom-16", "attention=nystrom attention.num_landmarks=16"),
+        ("nystrom-8", "attention=nystrom attention.num_landmarks=8"),
+        ("softmax (SDPA)", "attention=softmax"),
+    ]
+    # A set the user names is kept, in every job.
+    named = nys_here(
+        "bench", "-m", "--cfg", "job", "--attention-set", "nystrom", "attention.num_landmarks=8,16"
+    )
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert "note:" not in named.stdout and named.stdout.count("name: softmax_naive") == 2
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [

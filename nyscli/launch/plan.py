@@ -123,7 +123,8 @@ class Plan:
     done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
     jobs: tuple[tuple[str, ...], ...] = ()  # a sweep's jobs (overrides each), as they will run
     note: str | None = None  # what the launch changed (sweep options dropped, settings kept)
-    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings)
+    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings,
+    # a bench sweep over attentions times them alone)
 
 
 # Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
@@ -267,6 +268,10 @@ def plan_launch(
         ).hydra
         multirun = multirun or node.mode == RunMode.MULTIRUN
         search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
+        # A command may add overrides to every job of a sweep (bench: attention_set=none).
+        pins_of = getattr(module, "sweep_pins", None)
+        pins, pinned = pins_of(_task_overrides(overrides)) if pins_of else ((), None)
+        overrides = [*overrides, *pins]
 
         def attention_keys(job: list[str]) -> set[str]:
             found = _compose_job(composing, command, job).get("attention")
@@ -280,7 +285,8 @@ def plan_launch(
             for job in split.jobs:
                 _check_job(module, command, cached.compose(job), job)
                 advance(1)
-    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=split.note)
+    note = "; ".join(n for n in (pinned, split.note) if n) or None
+    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=note, pins=pins)
 
 
 def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:

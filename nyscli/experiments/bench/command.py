@@ -85,6 +85,30 @@ def user_set(key: str) -> bool:
     return key in _override_keys()
 
 
+def sweep_pins(overrides: list[str]) -> tuple[tuple[str, ...], str | None]:
+    """A sweep over attentions (``-m attention=a,b``) or their options (``-m
+    attention.num_landmarks=32,64``) times the swept attentions alone: every job would else
+    time the whole default set again, and the set's rows (``nystrom-32`` in a job of
+    ``num_landmarks=64``) would come out under another job's label. A set the user names
+    (``--attention-set table1``) is kept. The overrides that do it, and the note that says so."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    keys = {o.key_or_group for o in parsed}
+    swept = [
+        o.input_line
+        for o in parsed
+        if o.is_sweep_override() and o.key_or_group.split(".", 1)[0] == "attention"
+    ]
+    if not swept or "attention_set" in keys:
+        return (), None
+    note = (
+        f"a sweep over attentions ({' '.join(swept)}) times only the swept attentions "
+        "(attention_set=none); --attention-set table1 times the set in every job too"
+    )
+    return ("attention_set=none",), note
+
+
 def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, Any]]:
     """The attention configs to measure: the ``attention_set``'s rows, plus the ``attention``
     config when the user picked one (so ``nys bench attention=x`` measures x beside the set)."""
