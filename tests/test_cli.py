@@ -130,11 +130,22 @@ def test_a_sweep_over_attentions_times_only_the_swept_rows_under_their_own_label
     [
         (["attention=nope"], "Could not find 'attention/nope'"),
         (["attention.num_landmarks=0"], "num_landmarks=0"),
-        (["--seq-len", "-5"], "seq_lens=[-5]"),
-        (["no_such_key=1"], "Could not override 'no_such_key'"),
+        (["no_such_key=1"], "no_such_key is not a key of nys bench"),
         (["scope=everything"], "scope=everything"),
-        (["--scope", "core", "--scope", "core"], "scope=[core,core]"),
         (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),
+        # A refusal names the option as typed, not the config key it sets.
+        (["--seq-len", "-5"], "--seq-len -5 is not allowed"),
+        (["-n", "0", "-n", "512"], "--seq-len 0 --seq-len 512 is not allowed"),
+        (["--scope", "core", "--scope", "core"], "--scope core --scope core is not allowed"),
+        (["--mode", "fwd"], "--mode fwd is not allowed"),
+        # A comma list without -m is a sweep, not a value of the wrong type.
+        (["attention.num_landmarks=32,64"], "attention.num_landmarks=32,64 is a sweep: add -m"),
+        # A misspelt name gets the nearest one.
+        (["attention=nystorm"], "did you mean attention=nystrom?"),
+        (["-m", "attention=nystrom,softmaxx"], "did you mean attention=softmax?"),
+        (["attention.num_landmark=32"], "did you mean attention.num_landmarks?"),
+        (["seq_len=512"], "seq_len is not a key of nys bench; did you mean seq_lens?"),
+        (["--seq-lens", "512"], "no such option: --seq-lens; did you mean --seq-len?"),
     ],
 )
 def test_bad_bench_input_is_one_line_and_exit_code_2(nys_here, tmp_path, args, fragment):
