@@ -186,3 +186,48 @@ def test_completion_offers_config_groups_and_keys():
     assert "seq_lens=" in complete("seq")
     assert "seed=" in complete("se") and "threads=" in complete("th")  # from conf/base/
     assert "experiment=table1" in complete("experiment=")
+
+
+def test_a_heartbeat_logs_what_a_long_step_is_doing_while_it_lasts(monkeypatch, caplog):
+    """One step longer than the heartbeat (one n of a bench, one SVD) still puts lines in
+    the log, each saying the phase's latest state."""
+    import logging
+    import time
+
+    from nyscli import console
+
+    monkeypatch.setattr(console, "HEARTBEAT_S", 0.02)
+    caplog.set_level(logging.INFO)
+    with console.heartbeat(logging.getLogger("test"), "phase one") as beat:
+        time.sleep(0.2)
+        beat.say("phase two")
+        time.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("phase one (") for line in lines), lines
+    assert any(line.startswith("phase two (") for line in lines), lines
+    after = len(caplog.records)
+    time.sleep(0.1)
+    assert len(caplog.records) == after  # the heartbeat stops with its phase
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["bench", "-n", "64", "attention_set=none", "attention=softmax", *TINY], "bench n=64"),
+        (["approx-error", "--source", "gaussian", "-n", "64", "-b", "8", "plots=false"],
+         "approx-error head 1/"),
+    ],
+)  # fmt: skip
+def test_a_long_phase_logs_its_progress_into_the_runs_log(
+    nys_here, tmp_path, monkeypatch, args, fragment
+):
+    """Without a terminal the bar shows nothing: the run's log gets a progress line at least
+    every heartbeat (30 s; here a few milliseconds, so a toy run is a long one)."""
+    from nyscli import console
+
+    monkeypatch.setattr(console, "HEARTBEAT_S", 0.005, raising=False)
+    done = nys_here(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [log_file] = list((tmp_path / "outputs").rglob("*.log"))
+    beats = [line for line in log_file.read_text().splitlines() if "s so far)" in line]
+    assert any(fragment in line for line in beats), log_file.read_text()

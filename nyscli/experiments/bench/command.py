@@ -25,6 +25,7 @@ from rich.text import Text
 
 from nyscli.allocator import preloaded, system_environ
 from nyscli.attention import attention_label
+from nyscli.console import heartbeat
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
@@ -249,11 +250,17 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         console=console,
         transient=True,
     )
-    with progress:
-        task = progress.add_task("", total=len(points) * len(seq_lens))
+    total = len(points) * len(seq_lens)
+
+    def show(description: str) -> None:
+        progress.update(task, description=description)
+        beat.say(f"bench {description}, {len(records)}/{total} points done")
+
+    with progress, heartbeat(log, "bench") as beat:
+        task = progress.add_task("", total=total)
         for n in seq_lens:
             live = [i for i, (_, *key) in enumerate(points) if tuple(key) not in stopped]
-            progress.update(task, description=f"n={n}: warm-up and memory")
+            show(f"n={n}: warm-up and memory of {len(live)} row(s)")
             load = os.getloadavg()[0]
             measured = measure_interleaved(
                 [
@@ -262,7 +269,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                 ],
                 cfg.timeout_s,
                 cfg.noise_threshold,
-                lambda r, total, n=n: progress.update(task, description=f"n={n} round {r}/{total}"),
+                lambda r, rounds, n=n: show(f"n={n} round {r}/{rounds}"),
             )
             results = dict(zip(live, measured, strict=True))
             for i, (row, label, scope) in enumerate(points):
