@@ -10,8 +10,12 @@ import typer
 
 try:  # Typer >= 0.26 vendors click; older ones use the click package
     from typer._click import exceptions as click_errors
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
+    from click import get_current_context
+    from click.core import ParameterSource
 
 from nyscli.allocator import reexec_with_tcmalloc
 from nyscli.console import say_error
@@ -89,11 +93,60 @@ def run_hydra_command(
                 f"{name} is given twice, by a typed option ({name}={given[key]}) and by the "
                 f"override {override.replace(FINETUNE_TASK, 'task', 1)}; give it once"
             )
+    _refuse_unknown_flags(overrides or [])
     arguments = [f"{key}={value}" for key, value in given.items()]
+    as_typed = {f"{key}={given[key]}": text for key, text in _typed_texts(given).items()}
     arguments += list(overrides or [])
     if multirun:
         arguments.insert(0, "--multirun")
-    raise typer.Exit(launch(command, arguments))
+    raise typer.Exit(launch(command, arguments, as_typed))
+
+
+def _typed_texts(given: dict[str, object]) -> dict[str, str]:
+    """Config key -> the typed option that set it, as the user typed it (``seq_lens`` ->
+    ``--seq-len 0``), so a refusal names what was typed. An option belongs to the one key
+    whose last part is its name, or starts or ends with it (``seq_len`` -> ``seq_lens``,
+    ``steps`` -> ``trainer.max_steps``, ``data_path`` -> ``data.path``)."""
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    texts = {}
+    for param in ctx.command.params:
+        if not param.opts[0].startswith("--") or param.name is None or getattr(param, "is_flag", 0):
+            continue
+        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        name = param.name
+        keys = [
+            key
+            for key in given
+            if key.replace(".", "_") == name
+            or key.rpartition(".")[2].startswith(name)
+            or key.rpartition(".")[2].endswith(name)
+        ]
+        value = ctx.params[name]
+        if len(keys) == 1 and value is not None:
+            values = value if isinstance(value, list | tuple) else [value]
+            texts[keys[0]] = " ".join(f"{param.opts[0]} {v}" for v in values)
+    return texts
+
+
+def _refuse_unknown_flags(overrides: list[str]) -> None:
+    """A misspelt option (``--seq-lens``) reaches here among the overrides (the commands take
+    unknown options, for Hydra's flags): refused with the nearest name."""
+    import difflib
+
+    from hydra._internal.utils import get_args_parser
+
+    ctx = get_current_context(silent=True)
+    known = list(get_args_parser()._option_string_actions)
+    known += [opt for param in (ctx.command.params if ctx else []) for opt in param.opts]
+    for override in overrides:
+        flag = override.split("=", 1)[0]
+        if flag.startswith("-") and flag not in known:
+            near = difflib.get_close_matches(flag, known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            fail(f"no such option: {flag}{hint} (see nys {ctx.info_name if ctx else ''} --help)")
 
 
 def overrides_argument(command: str, extra_help: str = "") -> Any:

@@ -68,7 +68,7 @@ BAD_VALUES = [
     ("finetune", ["warmup_ratio=1.5"], "warmup_ratio=1.5"),
     ("finetune", ["finetune_task=sst2", "task.max_len=2"], "task.max_len=2"),
     ("finetune", ["seed=-3"], "seed=-3"),
-    ("finetune", ["task.test_examples=0"], "task.test_examples=0"),
+    ("finetune", ["task.test_examples=0"], "task.test_examples is not a key of nys finetune"),
     ("finetune", ["trainer.max_steps=0"], "trainer.max_steps=0"),
     ("finetune", ["trainer.lr=-1"], "trainer.lr=-1"),
     # Upper bounds: 64-bit integers, finite numbers, threads a few per core.

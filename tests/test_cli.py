@@ -93,16 +93,59 @@ def test_multirun_sweep_writes_job_folders_summary_and_report_survives_a_failed_
     assert len(rebuilt) == 1
 
 
+def test_a_sweep_over_attentions_times_only_the_swept_rows_under_their_own_labels(
+    run_nys, nys_here, tmp_path
+):
+    """Each job times its own attention alone (attention_set=none, said in one note line),
+    so no row of the default set turns up under another job's label in the report."""
+    done = run_nys(
+        "bench", "-m", "-n", "64", "attention=nystrom,softmax",
+        "attention.num_landmarks=8,16", *TINY,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "attention_set=none" in notes[0], done.stdout
+    [sweep] = list((tmp_path / "outputs" / "bench" / "multirun").iterdir())
+    jobs = run_dirs(sweep)
+    assert len(jobs) == 3
+    assert [len(pd.read_csv(job / "results.csv")) for job in jobs] == [1, 1, 1]
+    report = run_nys("report", str(sweep))
+    assert report.returncode == 0, report.stdout + report.stderr
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert sorted(zip(summary.attention, summary.job, strict=True)) == [
+        ("nystrom-16", "attention=nystrom attention.num_landmarks=16"),
+        ("nystrom-8", "attention=nystrom attention.num_landmarks=8"),
+        ("softmax (SDPA)", "attention=softmax"),
+    ]
+    # A set the user names is kept, in every job.
+    named = nys_here(
+        "bench", "-m", "--cfg", "job", "--attention-set", "nystrom", "attention.num_landmarks=8,16"
+    )
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert "note:" not in named.stdout and named.stdout.count("name: softmax_naive") == 2
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
         (["attention=nope"], "Could not find 'attention/nope'"),
         (["attention.num_landmarks=0"], "num_landmarks=0"),
-        (["--seq-len", "-5"], "seq_lens=[-5]"),
-        (["no_such_key=1"], "Could not override 'no_such_key'"),
+        (["no_such_key=1"], "no_such_key is not a key of nys bench"),
         (["scope=everything"], "scope=everything"),
-        (["--scope", "core", "--scope", "core"], "scope=[core,core]"),
         (["-m", "attention.num_landmarks=8,0"], "num_landmarks=0"),
+        # A refusal names the option as typed, not the config key it sets.
+        (["--seq-len", "-5"], "--seq-len -5 is not allowed"),
+        (["-n", "0", "-n", "512"], "--seq-len 0 --seq-len 512 is not allowed"),
+        (["--scope", "core", "--scope", "core"], "--scope core --scope core is not allowed"),
+        (["--mode", "fwd"], "--mode fwd is not allowed"),
+        # A comma list without -m is a sweep, not a value of the wrong type.
+        (["attention.num_landmarks=32,64"], "attention.num_landmarks=32,64 is a sweep: add -m"),
+        # A misspelt name gets the nearest one.
+        (["attention=nystorm"], "did you mean attention=nystrom?"),
+        (["-m", "attention=nystrom,softmaxx"], "did you mean attention=softmax?"),
+        (["attention.num_landmark=32"], "did you mean attention.num_landmarks?"),
+        (["seq_len=512"], "seq_len is not a key of nys bench; did you mean seq_lens?"),
+        (["--seq-lens", "512"], "no such option: --seq-lens; did you mean --seq-len?"),
     ],
 )
 def test_bad_bench_input_is_one_line_and_exit_code_2(nys_here, tmp_path, args, fragment):
@@ -143,3 +186,48 @@ def test_completion_offers_config_groups_and_keys():
     assert "seq_lens=" in complete("seq")
     assert "seed=" in complete("se") and "threads=" in complete("th")  # from conf/base/
     assert "experiment=table1" in complete("experiment=")
+
+
+def test_a_heartbeat_logs_what_a_long_step_is_doing_while_it_lasts(monkeypatch, caplog):
+    """One step longer than the heartbeat (one n of a bench, one SVD) still puts lines in
+    the log, each saying the phase's latest state."""
+    import logging
+    import time
+
+    from nyscli import console
+
+    monkeypatch.setattr(console, "HEARTBEAT_S", 0.02)
+    caplog.set_level(logging.INFO)
+    with console.heartbeat(logging.getLogger("test"), "phase one") as beat:
+        time.sleep(0.2)
+        beat.say("phase two")
+        time.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("phase one (") for line in lines), lines
+    assert any(line.startswith("phase two (") for line in lines), lines
+    after = len(caplog.records)
+    time.sleep(0.1)
+    assert len(caplog.records) == after  # the heartbeat stops with its phase
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["bench", "-n", "64", "attention_set=none", "attention=softmax", *TINY], "bench n=64"),
+        (["approx-error", "--source", "gaussian", "-n", "64", "-b", "8", "plots=false"],
+         "approx-error head 1/"),
+    ],
+)  # fmt: skip
+def test_a_long_phase_logs_its_progress_into_the_runs_log(
+    nys_here, tmp_path, monkeypatch, args, fragment
+):
+    """Without a terminal the bar shows nothing: the run's log gets a progress line at least
+    every heartbeat (30 s; here a few milliseconds, so a toy run is a long one)."""
+    from nyscli import console
+
+    monkeypatch.setattr(console, "HEARTBEAT_S", 0.005, raising=False)
+    done = nys_here(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [log_file] = list((tmp_path / "outputs").rglob("*.log"))
+    beats = [line for line in log_file.read_text().splitlines() if "s so far)" in line]
+    assert any(fragment in line for line in beats), log_file.read_text()

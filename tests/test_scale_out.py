@@ -130,7 +130,7 @@ def test_an_error_on_the_ranks_is_one_line_with_exit_code_2(run_nys, tmp_path):
 def test_nproc_per_node_below_one_is_one_line(nys_here):
     done = nys_here("lra", "--nproc-per-node", "0")
     assert done.returncode == 2
-    assert "trainer.nproc_per_node=0 is not allowed" in done.stdout
+    assert "--nproc-per-node 0 is not allowed" in done.stdout  # the option as typed
 
 
 def test_ranks_slice_the_global_batches_of_one_process(monkeypatch):

@@ -151,7 +151,8 @@ def require_examples(sizes: dict[str, int], what: str, source: object) -> None:
 def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on the shared console for a slow data step; yields ``advance(k)``.
 
-    Disappears when done (the caller logs what was made); on a non-terminal it stays quiet.
+    Disappears when done (the caller logs what was made); the log hears how far it got every
+    ``HEARTBEAT_S`` seconds (a non-terminal shows no bar).
     """
     from rich.progress import (
         BarColumn,
@@ -162,7 +163,7 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
         TimeRemainingColumn,
     )
 
-    from nyscli.console import console
+    from nyscli.console import console, heartbeat
 
     bar = Progress(
         TextColumn("[bold]{task.description}[/]"),
@@ -173,9 +174,17 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
         console=console,
         transient=True,
     )
-    with bar:
+    with bar, heartbeat(log, f"{description}: 0/{total}") as beat:
         task = bar.add_task(description, total=total)
-        yield lambda k: bar.advance(task, k)
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            bar.advance(task, k)
+            beat.say(f"{description}: {done}/{total}")
+
+        yield advance
 
 
 def atomic_save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:

@@ -76,6 +76,14 @@ def fault_line(error: BaseException) -> str:
     return _attention_hint(one_line(error))
 
 
+def as_typed(message: str, typed: dict[str, str]) -> str:
+    """``message`` with each override a typed option became (``seq_lens=[0]``) said as the user
+    typed it (``--seq-len 0``)."""
+    for made, given in typed.items():
+        message = re.sub(rf"(?<![\w.]){re.escape(made)}(?![\w\]])", given, message)
+    return message
+
+
 _GRAMMAR_ERRORS = ("mismatched input", "token recognition error", "no viable alternative",
                    "extraneous input", "missing EQUAL")  # fmt: skip
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import os
 import re
 import sys
@@ -25,9 +26,11 @@ from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
+from hydra.errors import HydraException, MissingConfigException
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from nyscli import tracking
 from nyscli.console import console
@@ -35,6 +38,7 @@ from nyscli.data.common import progress_bar
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module, schema
 from nyscli.experiments.renamed import refuse_renamed
+from nyscli.launch.faults import fault_line, one_line
 from nyscli.launch.sweepers import search
 from nyscli.launch.sweepers.grid import per_attention
 from nyscli.overrides import override_key, override_keys
@@ -123,7 +127,8 @@ class Plan:
     done: str | None = None  # a line saying there is nothing to run (resume= a finished run)
     jobs: tuple[tuple[str, ...], ...] = ()  # a sweep's jobs (overrides each), as they will run
     note: str | None = None  # what the launch changed (sweep options dropped, settings kept)
-    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings)
+    pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings,
+    # a bench sweep over attentions times them alone)
 
 
 # Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
@@ -246,41 +251,103 @@ def plan_launch(
     _refuse_unreadable_numbers(overrides)
     module = experiment_module(command)
     with composer(command, config_dir) as composing:
-        if not multirun and not is_sweep(overrides):
-            cfg = _compose_job(composing, command, overrides)
-            node = cfg.hydra
-            if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
-                _check_job(module, command, cfg, overrides)
-                pins, note = _resume_pins(module, composing, command, cfg, overrides)
-                if pins:  # the run composed as it will run, with the settings it keeps
-                    cfg = _compose_job(composing, command, [*overrides, *pins])
-                    node = cfg.hydra
-                    _check_job(module, command, cfg, [*overrides, *pins])
-                check = getattr(module, "preflight", None)
-                return Plan(False, node, check(cfg) if check else None, note=note, pins=pins)
-        node = composing.compose_config(
-            config_name=command,
-            overrides=overrides,
-            run_mode=RunMode.MULTIRUN,
-            with_log_configuration=False,
-            validate_sweep_overrides=False,
-        ).hydra
-        multirun = multirun or node.mode == RunMode.MULTIRUN
-        search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
+        try:
+            return _plan(module, composing, command, overrides, multirun)
+        except (HydraException, OmegaConfBaseException) as error:
+            text = fault_line(error)
+            unknown = _UNKNOWN_KEY.match(text)  # Hydra's advice (+key=...) would add the typo
+            hint = _did_you_mean(error, composing, command, overrides)
+            if unknown is None and hint is None:
+                raise
+            if unknown:
+                text = f"{unknown.group(1)} is not a key of nys {command.replace('_', '-')}"
+            raise UserInputError(text + (f"; did you mean {hint}?" if hint else "")) from None
 
-        def attention_keys(job: list[str]) -> set[str]:
-            found = _compose_job(composing, command, job).get("attention")
-            return set(found.keys()) if found is not None else set()
 
-        split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
-        # Each job is composed as it will run: a bar for big sweeps.
-        bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
-        cached = JobComposer(composing, command)
-        with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
-            for job in split.jobs:
-                _check_job(module, command, cached.compose(job), job)
-                advance(1)
-    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=split.note)
+def _plan(
+    module: ModuleType, composing: Hydra, command: str, overrides: list[str], multirun: bool
+) -> Plan:
+    if not multirun and not is_sweep(overrides):
+        cfg = _compose_job(composing, command, overrides)
+        node = cfg.hydra
+        if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
+            _check_job(module, command, cfg, overrides)
+            pins, note = _resume_pins(module, composing, command, cfg, overrides)
+            if pins:  # the run composed as it will run, with the settings it keeps
+                cfg = _compose_job(composing, command, [*overrides, *pins])
+                node = cfg.hydra
+                _check_job(module, command, cfg, [*overrides, *pins])
+            check = getattr(module, "preflight", None)
+            return Plan(False, node, check(cfg) if check else None, note=note, pins=pins)
+    node = composing.compose_config(
+        config_name=command,
+        overrides=overrides,
+        run_mode=RunMode.MULTIRUN,
+        with_log_configuration=False,
+        validate_sweep_overrides=False,
+    ).hydra
+    multirun = multirun or node.mode == RunMode.MULTIRUN
+    if not multirun:  # Hydra would read the comma list as a value and fail on its type
+        swept = next(o for o in OverridesParser.create().parse_overrides(overrides)
+                     if o.is_sweep_override())  # fmt: skip
+        raise UserInputError(
+            f"{swept.input_line} is a sweep: add -m to run one job per value "
+            "(a list value is written key=[a,b])"
+        )
+    search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
+    # A command may add overrides to every job of a sweep (bench: attention_set=none).
+    pins_of = getattr(module, "sweep_pins", None)
+    pins, pinned = pins_of(_task_overrides(overrides)) if pins_of else ((), None)
+    overrides = [*overrides, *pins]
+
+    def attention_keys(job: list[str]) -> set[str]:
+        found = _compose_job(composing, command, job).get("attention")
+        return set(found.keys()) if found is not None else set()
+
+    split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
+    # Each job is composed as it will run: a bar for big sweeps.
+    bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
+    cached = JobComposer(composing, command)
+    with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
+        for job in split.jobs:
+            _check_job(module, command, cached.compose(job), job)
+            advance(1)
+    note = "; ".join(n for n in (pinned, split.note) if n) or None
+    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=note, pins=pins)
+
+
+_UNKNOWN_KEY = re.compile(r"Could not override '([\w.]+)'.*not in struct")
+
+
+def _did_you_mean(
+    error: BaseException, composing: Hydra, command: str, overrides: list[str]
+) -> str | None:
+    """The name nearest to a misspelt config option (``attention=nystorm``) or key
+    (``attention.num_landmark=32``, ``seq_len=512``), as the user would type it; None when
+    the error names no unknown name or none is near."""
+    if isinstance(error, MissingConfigException):
+        group, _, name = str(error.missing_cfg_file or "").rpartition("/")
+        near = difflib.get_close_matches(name, error.options or [], n=1)
+        return f"{group}={near[0]}" if group and near else None
+    found = _UNKNOWN_KEY.search(one_line(error))
+    if found is None:
+        return None
+    # The keys of the config the user chose (attention=softmax has no num_landmarks).
+    groups = composing.config_loader.repository  # type: ignore[attr-defined]
+    choices = [o for o in overrides if groups.group_exists(override_key(o)) and "," not in o]
+    try:
+        cfg = _compose_job(composing, command, _task_overrides(choices))
+    except (HydraException, OmegaConfBaseException):
+        return None
+    with open_dict(cfg):
+        del cfg["hydra"]
+    # A name is compared with its siblings only: their shared parent would make any two
+    # attention options look alike.
+    parent, _, name = found.group(1).rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    siblings = [str(key) for key in node] if isinstance(node, DictConfig) else []
+    near = difflib.get_close_matches(name, siblings, n=1)
+    return f"{parent}.{near[0]}" if near and parent else near[0] if near else None
 
 
 def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:

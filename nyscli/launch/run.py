@@ -27,6 +27,7 @@ from nyscli.launch.faults import (
     USER_ERRORS,
     Abort,
     JobFailed,
+    as_typed,
     fault_line,
     missing_launcher,
     parse_hint,
@@ -41,7 +42,7 @@ from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.train.errors import TrainingInterrupted
 
 
-def _show_sweep(command: str, args: Any) -> int:
+def _show_sweep(command: str, args: Any, typed: dict[str, str]) -> int:
     """``--cfg`` with ``-m`` (or a sweep a cluster preset makes): every job's config, checked
     like a launch; nothing runs."""
     try:
@@ -51,20 +52,21 @@ def _show_sweep(command: str, args: Any) -> int:
         show_jobs(command, plan, str(args.cfg), bool(args.resolve), args.config_dir)
     except (*USER_ERRORS, OSError) as error:
         message = missing_launcher(error, args.overrides) or fault_line(error)
-        say_error(message)
+        say_error(as_typed(message, typed))
         return 2
     return 0
 
 
-def launch(command: str, arguments: list[str]) -> int:
+def launch(command: str, arguments: list[str], typed: dict[str, str] | None = None) -> int:
     """Run ``nys <command>`` with Hydra-style ``arguments``; returns the process exit code.
+    ``typed``: the overrides typed options became -> the options as typed, for refusals.
 
     SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) wherever the run is, as Ctrl-C
     does: every phase unwinds, so temporary files go, worker processes are stopped, and the
     run ends with one line (exit 143; Ctrl-C 130)."""
     with sigterm_raises():
         try:
-            return _launch(command, arguments)
+            return _launch(command, arguments, typed or {})
         except KeyboardInterrupt as stop:  # before a run folder was claimed
             say_error(f"{stopped(stop)}; nothing was written")
             return stop_code(stop)
@@ -94,7 +96,7 @@ def _hydra_reraises() -> Iterator[None]:
             os.environ["HYDRA_FULL_ERROR"] = before
 
 
-def _launch(command: str, arguments: list[str]) -> int:
+def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
     parser = get_args_parser()
     parser.prog = f"nys {command}"
 
@@ -113,7 +115,7 @@ def _launch(command: str, arguments: list[str]) -> int:
         args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
     )
     if args.cfg and (multirun or is_sweep(args.overrides)):
-        return _show_sweep(command, args)
+        return _show_sweep(command, args, typed)
     sweep_dir = None
     plan = None
     earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
@@ -136,7 +138,7 @@ def _launch(command: str, arguments: list[str]) -> int:
             message = missing_launcher(error, args.overrides) or parse_hint(
                 fault_line(error), list(args.overrides)
             )
-            say_error(message)
+            say_error(as_typed(message, typed))
             return 2
     try:
         with _hydra_reraises():

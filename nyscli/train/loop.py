@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
+from nyscli.console import heartbeat
 from nyscli.errors import UserInputError
 from nyscli.output.curves import is_rate
 from nyscli.stops import Terminated, reported, sigterm_raises, unreported
@@ -532,14 +533,26 @@ class Trainer:
         """A bar for one evaluation, ``advance()`` per batch: below training's bar during
         fit (rich allows one live display), on its own before or after it; gone when done."""
         total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
+        done = 0
+
+        def tell(advance: Callable[[], None]) -> Callable[[], None]:
+            def step() -> None:  # the log hears how far it got (a non-terminal has no bar)
+                nonlocal done
+                done += 1
+                advance()
+                beat.say(f"evaluating {name}: batch {done}/{total or '?'}")
+
+            return step
+
         live = self._live
-        if live is not None and (live.disable or live.live.is_started):  # fit still running
-            task = live.add_task(name, total=total, status="")
-            try:
-                yield lambda: live.advance(task)
-            finally:
-                live.remove_task(task)
-            return
-        with self._progress(transient=True) as progress:
-            task = progress.add_task(name, total=total, status="")
-            yield lambda: progress.advance(task)
+        with heartbeat(log, f"evaluating {name}") as beat:
+            if live is not None and (live.disable or live.live.is_started):  # fit still running
+                task = live.add_task(name, total=total, status="")
+                try:
+                    yield tell(lambda: live.advance(task))
+                finally:
+                    live.remove_task(task)
+                return
+            with self._progress(transient=True) as progress:
+                task = progress.add_task(name, total=total, status="")
+                yield tell(lambda: progress.advance(task))

@@ -7,6 +7,7 @@ and Nyström's pseudo-inverse residual. The numerical work lives beside it in th
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from nyscli.attention import available
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
+from nyscli.console import heartbeat
 from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
@@ -33,6 +35,8 @@ from nyscli.experiments.approx_error.progress import ProgressLog, log_to_file
 from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
 from nyscli.experiments.approx_error.summary import per_layer, row_note, summarise
 from nyscli.train.resources import resolve_device
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 SYNTHETIC_SEQ_LEN = 4096
@@ -268,7 +272,8 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     cache = source_cache.SourceCache(
         source_settings(cfg, text, device), source_cache.sweep_folder()
     )
-    layers = cache.inputs(lambda: [x.to(dtype, device) for x in load_inputs(cfg, text)])
+    with heartbeat(log, f"approx-error: making q, k, v (source={cfg.source})"):
+        layers = cache.inputs(lambda: [x.to(dtype, device) for x in load_inputs(cfg, text)])
     b, h, n, d = layers[0].q.shape
     budget_list = budgets(cfg)
     itemsize = torch.finfo(dtype).bits // 8
@@ -297,10 +302,16 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     with (
         torch.no_grad(),
         ProgressLog(n_heads * (len(cores) + len(baselines)), n_heads, console) as bar,
+        heartbeat(log, "approx-error") as beat,
     ):
-        heads = iter_heads(layers, with_matrix, "svd" in baselines, cache.fetch)
+
+        def say(what: str) -> None:
+            beat.say(f"approx-error {what}")
+
+        heads = iter_heads(layers, with_matrix, "svd" in baselines, cache.fetch, say)
         for i, head in enumerate(heads):
             keep = (head.layer, head.sequence, head.head) == example
+            say(f"head {i + 1}/{n_heads}: the methods")
             recs, maps = evaluate_head(
                 head,
                 cores,

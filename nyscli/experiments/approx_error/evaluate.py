@@ -126,13 +126,17 @@ def iter_heads(
     with_matrix: bool,
     with_svd: bool = False,
     fetch: Fetch | None = None,
+    say: Callable[[str], None] = lambda what: None,
 ) -> Iterator[Head]:
     """Every (layer, sequence, head) of the inputs as a ``Head`` with its exact attention and,
     ``with_svd`` (and S formed), the SVD of S. ``fetch(name, compute)`` returns a per-head
     entry, computing it only if a sweep's earlier job has not (``cache.SourceCache.fetch``);
-    without it every entry is computed here."""
+    without it every entry is computed here. ``say(what)`` hears which head and which part of
+    it (a minute each at n = 4,096) is being made."""
     fetch = fetch or (lambda name, compute: compute())
     suffix = "" if with_matrix else "-output"  # an entry without S serves no job that needs S
+    total = sum(x.q.shape[0] * x.q.shape[1] for x in layers)
+    count = 0
     for inputs in layers:
         b, h = inputs.q.shape[:2]
         for i in range(b):
@@ -140,6 +144,8 @@ def iter_heads(
             for j in range(h):
                 q, k, v = (x[i : i + 1, j : j + 1] for x in (inputs.q, inputs.k, inputs.v))
                 ids = f"{inputs.layer}-{i}-{j}"
+                count += 1
+                say(f"head {count}/{total}: exact attention{' matrix' if with_matrix else ''}")
                 exact = fetch(
                     f"exact{suffix}-{ids}",
                     lambda q=q, k=k, v=v, mask=mask: exact_attention(q, k, v, mask, with_matrix),
@@ -148,6 +154,7 @@ def iter_heads(
                 head = Head(q, k, v, mask, real, exact["output"], exact.get("matrix"))
                 head.layer, head.sequence, head.head = inputs.layer, i, j
                 if with_svd and with_matrix:
+                    say(f"head {count}/{total}: SVD of the exact matrix")
                     factors = fetch(f"svd-{ids}", lambda head=head: svd_entry(head))
                     head.svd = (factors["u"], factors["sigma"], factors["vh"])
                 yield head

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from nyscli.allocator import preloaded, system_environ
 from nyscli.attention import attention_label
+from nyscli.console import heartbeat
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
@@ -83,6 +84,30 @@ def user_selected_attention() -> bool:
 def user_set(key: str) -> bool:
     """True if the command line overrode ``key``."""
     return key in _override_keys()
+
+
+def sweep_pins(overrides: list[str]) -> tuple[tuple[str, ...], str | None]:
+    """A sweep over attentions (``-m attention=a,b``) or their options (``-m
+    attention.num_landmarks=32,64``) times the swept attentions alone: every job would else
+    time the whole default set again, and the set's rows (``nystrom-32`` in a job of
+    ``num_landmarks=64``) would come out under another job's label. A set the user names
+    (``--attention-set table1``) is kept. The overrides that do it, and the note that says so."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    keys = {o.key_or_group for o in parsed}
+    swept = [
+        o.input_line
+        for o in parsed
+        if o.is_sweep_override() and o.key_or_group.split(".", 1)[0] == "attention"
+    ]
+    if not swept or "attention_set" in keys:
+        return (), None
+    note = (
+        f"a sweep over attentions ({' '.join(swept)}) times only the swept attentions "
+        "(attention_set=none); --attention-set table1 times the set in every job too"
+    )
+    return ("attention_set=none",), note
 
 
 def attention_rows(cfg: DictConfig, include_selected: bool) -> list[dict[str, Any]]:
@@ -225,11 +250,17 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         console=console,
         transient=True,
     )
-    with progress:
-        task = progress.add_task("", total=len(points) * len(seq_lens))
+    total = len(points) * len(seq_lens)
+
+    def show(description: str) -> None:
+        progress.update(task, description=description)
+        beat.say(f"bench {description}, {len(records)}/{total} points done")
+
+    with progress, heartbeat(log, "bench") as beat:
+        task = progress.add_task("", total=total)
         for n in seq_lens:
             live = [i for i, (_, *key) in enumerate(points) if tuple(key) not in stopped]
-            progress.update(task, description=f"n={n}: warm-up and memory")
+            show(f"n={n}: warm-up and memory of {len(live)} row(s)")
             load = os.getloadavg()[0]
             measured = measure_interleaved(
                 [
@@ -238,7 +269,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
                 ],
                 cfg.timeout_s,
                 cfg.noise_threshold,
-                lambda r, total, n=n: progress.update(task, description=f"n={n} round {r}/{total}"),
+                lambda r, rounds, n=n: show(f"n={n} round {r}/{rounds}"),
             )
             results = dict(zip(live, measured, strict=True))
             for i, (row, label, scope) in enumerate(points):
