@@ -120,6 +120,17 @@ def _stopped_lra(folder: Path) -> None:
     )
 
 
+def _corrupt_listops(folder: Path) -> None:
+    """A ListOps data folder whose three files are random bytes (found when the job reads it)."""
+    for split in ("train", "val", "test"):
+        _write(f"bad/basic_{split}.tsv", bytes(range(256)) * 8)(folder)
+
+
+def _garbled_metrics(folder: Path) -> None:
+    _stopped_lra(folder)
+    (folder / "stopped" / "metrics.csv").write_bytes(bytes(range(128, 256)) * 4)
+
+
 def _truncated_checkpoint(folder: Path) -> None:
     _stopped_lra(folder)
     last = folder / "stopped" / "checkpoints" / "last.pt"
@@ -279,6 +290,42 @@ def cases() -> list[Case]:
         ),
         Case("brackets in a path", ["approx-error", "source=minilm", "data.path=runs[1].txt"]),
         Case("an option twice", ["lra", "--steps", "3", "trainer.max_steps=5"]),
+        Case(
+            "a seed of 5,000 digits",
+            ["bench", "-n", "64", "seed=" + "9" * 5000],
+            says="a number of 5000 digits",
+        ),  # fmt: skip
+        Case(
+            "--fail-fast, the second job's data corrupt",
+            [
+                "lra",
+                *TINY_LRA,
+                "--steps",
+                "2",
+                "--fail-fast",
+                "-m",
+                "seed=0,1",
+                "data.path=null,bad",
+            ],
+            1,
+            setup=_corrupt_listops,
+            keeps=True,  # job 0 finished: the sweep folder stays, jobs 2 and 3 never start
+            says="fail_fast stopped the sweep",
+        ),  # fmt: skip
+        Case(
+            "nys report, a run's metrics.csv random bytes",
+            ["report", "stopped"],
+            0,
+            setup=_garbled_metrics,
+            keeps=True,
+            says="cannot be read",
+        ),  # fmt: skip
+        Case(
+            "a search's optuna.db that is no database",
+            ["lra", "hparams_search=lra_lr", "hydra.sweep.dir=old"],
+            setup=_write("old/optuna.db", bytes(range(256)) * 8),
+            says="cannot be opened (file is not a database)",
+        ),
         # signals
         Case(
             "SIGTERM during approx-error",
