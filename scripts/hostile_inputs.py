@@ -51,6 +51,7 @@ class Case:
     stop: tuple[int, float] | None = None  # (signal, seconds after start)
     keeps: bool = False  # a run folder is expected to stay (it produced something)
     says: str = ""  # the output must contain this
+    lines: int | None = None  # the output must be this many lines (a refusal alone: 1)
     env: dict[str, str] = field(default_factory=dict)  # set for nys; "{folder}": the case's
     result: dict = field(default_factory=dict)
 
@@ -244,6 +245,11 @@ def cases() -> list[Case]:
             setup=_write("noise.bin", os.urandom(5000)),
         ),
         Case("finetune data.path=/dev/null", ["finetune", "data.path=/dev/null"]),
+        Case(
+            "finetune init=minilm with a bad data.path: the refusal alone",
+            ["finetune", "init=minilm", "data.path=/dev/null"],
+            lines=1,
+        ),
         Case("finetune init= a missing folder", ["finetune", "init=/nonexistent/run"]),
         Case("finetune init=hf: a missing folder", ["finetune", "init=hf:/nonexistent"]),
         Case("finetune eval_only= a folder that is no run", ["finetune", "eval_only=/tmp"]),
@@ -362,6 +368,7 @@ def run_case(case: Case, root: Path) -> None:
         and (case.code == 0 or last.startswith("error:"))
         and (case.keeps or case.code == 0 or not left)
         and case.says in out
+        and (case.lines is None or len(lines) == case.lines)
     )
     case.result = {
         "code": process.returncode,
