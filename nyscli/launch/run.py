@@ -171,10 +171,15 @@ def _launch(command: str, arguments: list[str]) -> int:
         say_error(fault_line(error))
         return 2
     except (Abort, TrainingInterrupted) as abort:
-        # An interrupted run keeps its folder: the message says how to resume it.
-        if isinstance(abort, Abort) and fresh is not None and not multirun:
+        # An interrupted run keeps its folder when it produced something (metrics rows, a
+        # checkpoint): the message says how to resume it. Stopped before its first step, it is
+        # removed like any run that failed before it produced anything.
+        message = abort.message
+        if fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
-        say_error(abort.message)
+            if isinstance(abort, TrainingInterrupted) and not fresh.exists():
+                message += "; no run folder is left"
+        say_error(message)
         return abort.code
     except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);
