@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,7 +37,7 @@ from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
 from nyscli.overrides import override_key, override_value
-from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT, SWEEP_CACHE
 from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.train.errors import TrainingInterrupted
 
@@ -94,6 +95,18 @@ def _hydra_reraises() -> Iterator[None]:
             os.environ["HYDRA_FULL_ERROR"] = before
 
 
+@contextlib.contextmanager
+def _shared_work_removed(sweep_dir: Path | None) -> Iterator[None]:
+    """A sweep's shared work (``<sweep>/.cache``, ~1.5 GB for approx-error at the defaults) is
+    removed however the sweep ends: Hydra's end-of-sweep callback removes it, but a sweep
+    stopped by Ctrl-C, SIGTERM or a failed job never reaches that callback."""
+    try:
+        yield
+    finally:
+        if sweep_dir is not None:
+            shutil.rmtree(sweep_dir / SWEEP_CACHE, ignore_errors=True)
+
+
 def _launch(command: str, arguments: list[str]) -> int:
     parser = get_args_parser()
     parser.prog = f"nys {command}"
@@ -139,7 +152,7 @@ def _launch(command: str, arguments: list[str]) -> int:
             say_error(message)
             return 2
     try:
-        with _hydra_reraises():
+        with _hydra_reraises(), _shared_work_removed(sweep_dir):
             _run_hydra(
                 args=args,
                 args_parser=parser,
