@@ -285,6 +285,12 @@ def cases() -> list[Case]:
         ),
         Case("brackets in a path", ["approx-error", "source=minilm", "data.path=runs[1].txt"]),
         Case("an option twice", ["lra", "--steps", "3", "trainer.max_steps=5"]),
+        Case(
+            "a search space under hydra.sweeper.params",
+            ["lra", "hparams_search=lra_lr", "hydra.sweeper.params.trainer.lr=interval(1e-5,1e-3)"],
+            says="'trainer.lr=interval(1e-5,1e-3)'",
+            lines=1,
+        ),
         # signals
         Case(
             "SIGTERM during approx-error",

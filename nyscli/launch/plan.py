@@ -202,6 +202,30 @@ def _refuse_unreadable_numbers(overrides: list[str]) -> None:
             )
 
 
+_SEARCH_PARAMS = "hydra.sweeper.params."
+
+
+def _refuse_search_params(overrides: list[str]) -> None:
+    """``hydra.sweeper.params.<key>=interval(...)`` reads as a sweep over Hydra's own config,
+    which Hydra refuses in words that do not say how to change a search's space: name the
+    override that does (the key itself, which the search takes over its preset's entry).
+    A comma list there (``hydra.sweeper.params.attention=a,b``, table3_cpu's) is a grid
+    sweeper's and works."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        key = override_key(override)
+        if not key.startswith(_SEARCH_PARAMS):
+            continue
+        if parser.parse_override(override).value_type != ValueType.INTERVAL_SWEEP:
+            continue
+        value = override.partition("=")[2]
+        raise UserInputError(
+            f"{override.lstrip('+~')} is not allowed: Hydra reads a sweep in a hydra.* key as a "
+            f"sweep of its own settings; change the search's space with the key itself: "
+            f"'{key.removeprefix(_SEARCH_PARAMS)}={value}'"
+        )
+
+
 def is_sweep(overrides: list[str]) -> bool:
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
@@ -244,6 +268,7 @@ def plan_launch(
     """
     refuse_renamed(command, overrides)
     _refuse_unreadable_numbers(overrides)
+    _refuse_search_params(overrides)
     module = experiment_module(command)
     with composer(command, config_dir) as composing:
         if not multirun and not is_sweep(overrides):
