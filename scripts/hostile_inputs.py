@@ -277,6 +277,11 @@ def cases() -> list[Case]:
                 (f / "bad" / "results.csv").write_bytes(b"\x00\xff" * 50),
             ),
         ),
+        Case(
+            "a 1000-job sweep checked without a terminal says how far it is",
+            ["approx-error", "-m", "seed=range(0,1000)", *TINY_AE, "hydra.sweep.dir=/dev/null/x"],
+            says="of 1000 checked",
+        ),
         # parsing
         Case("key with no value", ["lra", "seed="]),
         Case("unknown key", ["lra", "foo=1"]),
