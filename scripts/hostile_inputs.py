@@ -282,6 +282,21 @@ def cases() -> list[Case]:
             ["approx-error", "-m", "seed=range(0,1000)", *TINY_AE, "hydra.sweep.dir=/dev/null/x"],
             says="of 1000 checked",
         ),
+        Case(
+            "an MLflow store SQLite cannot open (a folder; a read-only disk alike)",
+            [
+                "lra",
+                *TINY_LRA,
+                "--steps",
+                "2",
+                "logger=mlflow",
+                "logger.mlflow.tracking_uri=sqlite:///a_folder",
+            ],
+            0,
+            lambda folder: (folder / "a_folder").mkdir(),
+            keeps=True,
+            says="cannot open the MLflow store",
+        ),
         # parsing
         Case("key with no value", ["lra", "seed="]),
         Case("unknown key", ["lra", "foo=1"]),

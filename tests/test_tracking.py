@@ -210,6 +210,20 @@ def test_a_study_that_cannot_be_opened_is_one_line_and_no_folder(tmp_path, monke
     assert [p.name for p in corrupt.iterdir()] == ["optuna.db"]  # the user's folder untouched
 
 
+def test_a_store_sqlite_cannot_open_is_one_warning_at_once(run_nys, tmp_path):
+    """A store SQLite cannot open (a folder here; a read-only disk does the same): MLflow
+    retried its engine for ~2 minutes with a warning block each time before nys's warning."""
+    (tmp_path / "a_folder").mkdir()
+    started = time.monotonic()
+    done = run_nys("lra", *TINY, "--steps", "2", f"data_cache={tmp_path / 'cache'}",
+                   "logger=mlflow", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path / 'a_folder'}",
+                   timeout=90)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout + done.stderr
+    assert text.count("logger=mlflow failed") == 1 and "cannot open the MLflow store" in text
+    assert "mlflow.store.db.utils" not in text and time.monotonic() - started < 60
+
+
 def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the store's folder should be")
