@@ -36,6 +36,7 @@ def _check_sqlite(path: Path) -> None:
     """Open a SQLite store once, for writing, before MLflow does: MLflow retries an engine it
     cannot create for about 2 minutes, with a warning block each time (a read-only disk, a
     folder that does not exist), before the error that ``nys`` reports as its one warning."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does (outputs/ may be new)
     try:
         with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
             db.execute("BEGIN IMMEDIATE")
