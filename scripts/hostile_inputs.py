@@ -51,6 +51,7 @@ class Case:
     stop: tuple[int, float] | None = None  # (signal, seconds after start)
     keeps: bool = False  # a run folder is expected to stay (it produced something)
     says: str = ""  # the output must contain this
+    lines: int | None = None  # the output must be this many lines (a refusal alone: 1)
     env: dict[str, str] = field(default_factory=dict)  # set for nys; "{folder}": the case's
     result: dict = field(default_factory=dict)
 
@@ -255,6 +256,11 @@ def cases() -> list[Case]:
             setup=_write("noise.bin", os.urandom(5000)),
         ),
         Case("finetune data.path=/dev/null", ["finetune", "data.path=/dev/null"]),
+        Case(
+            "finetune init=minilm with a bad data.path: the refusal alone",
+            ["finetune", "init=minilm", "data.path=/dev/null"],
+            lines=1,
+        ),
         Case("finetune init= a missing folder", ["finetune", "init=/nonexistent/run"]),
         Case("finetune init=hf: a missing folder", ["finetune", "init=hf:/nonexistent"]),
         Case("finetune eval_only= a folder that is no run", ["finetune", "eval_only=/tmp"]),
@@ -282,6 +288,26 @@ def cases() -> list[Case]:
                 (f / "bad" / "results.csv").write_bytes(b"\x00\xff" * 50),
             ),
         ),
+        Case(
+            "a 1000-job sweep checked without a terminal says how far it is",
+            ["approx-error", "-m", "seed=range(0,1000)", *TINY_AE, "hydra.sweep.dir=/dev/null/x"],
+            says="of 1000 checked",
+        ),
+        Case(
+            "an MLflow store SQLite cannot open (a folder; a read-only disk alike)",
+            [
+                "lra",
+                *TINY_LRA,
+                "--steps",
+                "2",
+                "logger=mlflow",
+                "logger.mlflow.tracking_uri=sqlite:///a_folder",
+            ],
+            0,
+            lambda folder: (folder / "a_folder").mkdir(),
+            keeps=True,
+            says="cannot open the MLflow store",
+        ),
         # parsing
         Case("key with no value", ["lra", "seed="]),
         Case("unknown key", ["lra", "foo=1"]),
@@ -294,7 +320,7 @@ def cases() -> list[Case]:
             "a seed of 5,000 digits",
             ["bench", "-n", "64", "seed=" + "9" * 5000],
             says="a number of 5000 digits",
-        ),  # fmt: skip
+        ),
         Case(
             "--fail-fast, the second job's data corrupt",
             [
@@ -311,7 +337,7 @@ def cases() -> list[Case]:
             setup=_corrupt_listops,
             keeps=True,  # job 0 finished: the sweep folder stays, jobs 2 and 3 never start
             says="fail_fast stopped the sweep",
-        ),  # fmt: skip
+        ),
         Case(
             "nys report, a run's metrics.csv random bytes",
             ["report", "stopped"],
@@ -319,12 +345,18 @@ def cases() -> list[Case]:
             setup=_garbled_metrics,
             keeps=True,
             says="cannot be read",
-        ),  # fmt: skip
+        ),
         Case(
             "a search's optuna.db that is no database",
             ["lra", "hparams_search=lra_lr", "hydra.sweep.dir=old"],
             setup=_write("old/optuna.db", bytes(range(256)) * 8),
             says="cannot be opened (file is not a database)",
+        ),
+        Case(
+            "a search space under hydra.sweeper.params",
+            ["lra", "hparams_search=lra_lr", "hydra.sweeper.params.trainer.lr=interval(1e-5,1e-3)"],
+            says="'trainer.lr=interval(1e-5,1e-3)'",
+            lines=1,
         ),
         # signals
         Case(
@@ -409,6 +441,7 @@ def run_case(case: Case, root: Path) -> None:
         and (case.code == 0 or last.startswith("error:"))
         and (case.keeps or case.code == 0 or not left)
         and case.says in out
+        and (case.lines is None or len(lines) == case.lines)
     )
     case.result = {
         "code": process.returncode,

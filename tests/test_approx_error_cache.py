@@ -210,3 +210,26 @@ def test_the_key_follows_the_source_settings_and_not_the_methods() -> None:
     assert minilm != key("source=minilm", text="another text")
     assert minilm == key("source=minilm", "seed=7", "heads=3", text="one text")
     assert minilm != key("source=minilm", "max_sequences=3", text="one text")
+
+
+def test_an_interrupted_sweep_removes_its_cache(tmp_path: Path, monkeypatch, counted) -> None:
+    """Ctrl-C once the first job has written the shared source: the sweep stops in one line
+    and its cache (~1.5 GB at the defaults) goes, as at a sweep's end."""
+    monkeypatch.chdir(tmp_path)
+    seen: list[Path] = []
+
+    def interrupted(self, path, name, entry):
+        write(self, path, name, entry)
+        seen.append(path)
+        raise KeyboardInterrupt
+
+    write = cache.SourceCache.write
+    monkeypatch.setattr(cache.SourceCache, "write", interrupted)
+    sweep = tmp_path / "sweep"
+    code = launch(
+        "approx_error",
+        ["--multirun", "attention.num_landmarks=4,8", *TINY, f"hydra.sweep.dir={sweep}"],
+    )
+    assert code == 130
+    assert seen and seen[0].is_relative_to(sweep / SWEEP_CACHE)  # it was there
+    assert not (sweep / SWEEP_CACHE).exists()

@@ -273,6 +273,15 @@ def test_bad_paths_fail_in_one_line(nys_here, tmp_path, fixtures):
         assert len([line for line in done.stdout.splitlines() if "error" in line]) == 1
 
 
+def test_a_bad_data_path_is_refused_alone_before_the_model_is_loaded(nys_here, tmp_path, fixtures):
+    """The refusal is the only line: no ``init=`` line about a model that never trains."""
+    done = nys_here("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",
+                    f"data.path={tmp_path / 'nowhere'}", "threads=1")  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: task=mrpc: data.path="), lines
+
+
 def test_corrupt_checkpoint_fails_in_one_line(nys_here, fixtures):
     (fixtures["checkpoint"] / "model.pt").write_bytes(b"not torch")
     corrupt = nys_here("finetune", "task=mrpc", f"init={fixtures['checkpoint']}",

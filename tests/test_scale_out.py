@@ -286,3 +286,18 @@ def test_summary_rebuilds_wait_for_each_other(tmp_path):
         assert writer.is_alive() and not (tmp_path / SUMMARY_FILE).exists()
     writer.join(timeout=10)
     assert list(pd.read_csv(tmp_path / SUMMARY_FILE).x) == [1]
+
+
+def test_checking_a_big_sweep_without_a_terminal_prints_progress_lines(monkeypatch, capsys):
+    """rich's bar draws nothing on a console that is no terminal (a log, CI): a 100,000-job
+    sweep was checked for over an hour in silence. Lines come at most every
+    CHECK_LINE_EVERY_S seconds (0 here: one a job)."""
+    from nyscli.console import console
+    from nyscli.launch import plan
+
+    monkeypatch.setattr(plan, "CHECK_LINE_EVERY_S", 0.0, raising=False)
+    assert not console.is_terminal
+    plan_launch("approx_error", ["seed=range(0,25)", "seq_len=32"], True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0].startswith("checking 25 jobs: 1 of 25 checked, ") and lines[0].endswith("left")
+    assert len(lines) == 24  # none for the last job: the launch goes on to say what it does

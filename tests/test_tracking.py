@@ -171,6 +171,24 @@ def test_search_settings_are_checked_before_any_folder(tmp_path, monkeypatch, ca
         assert not (tmp_path / "outputs").exists()
 
 
+def test_a_space_given_under_hydra_sweeper_params_names_the_override_that_works(
+    tmp_path, monkeypatch, capsys
+):
+    """``hydra.sweeper.params.trainer.lr=interval(...)`` is a sweep of Hydra's own config to
+    Hydra: the line says to give the key itself, and that form runs (lra_lr.yaml's comment)."""
+    monkeypatch.chdir(tmp_path)
+    for given in ("interval(1e-5,1e-3)", "tag(log,interval(1e-5,1e-3))"):
+        wrong = f"hydra.sweeper.params.trainer.lr={given}"
+        assert launch("lra", ["hparams_search=lra_lr", wrong]) == 2
+        [line] = capsys.readouterr().out.strip().splitlines()
+        assert line.startswith(f"error: hydra.sweeper.params.trainer.lr={given} is not allowed")
+        assert line.endswith(f"'trainer.lr={given}'") and not (tmp_path / "outputs").exists()
+        # the form it names passes every check (a bad value after it stops before any run)
+        right = f"trainer.lr={given}"
+        assert launch("lra", ["hparams_search=lra_lr", right, "hydra.sweeper.n_trials=0"]) == 2
+        assert capsys.readouterr().out.startswith("error: hydra.sweeper.n_trials=0 is not")
+
+
 def test_a_study_that_cannot_be_opened_is_one_line_and_no_folder(tmp_path, monkeypatch, capsys):
     """A corrupt optuna.db in the sweep folder, or a storage path in a missing folder: each was
     a 130-180-line SQLAlchemy traceback (the second leaving a sweep folder)."""
@@ -190,6 +208,20 @@ def test_a_study_that_cannot_be_opened_is_one_line_and_no_folder(tmp_path, monke
         assert said.startswith("error: the search's study sqlite:///")
     assert not (tmp_path / "outputs").exists()
     assert [p.name for p in corrupt.iterdir()] == ["optuna.db"]  # the user's folder untouched
+
+
+def test_a_store_sqlite_cannot_open_is_one_warning_at_once(run_nys, tmp_path):
+    """A store SQLite cannot open (a folder here; a read-only disk does the same): MLflow
+    retried its engine for ~2 minutes with a warning block each time before nys's warning."""
+    (tmp_path / "a_folder").mkdir()
+    started = time.monotonic()
+    done = run_nys("lra", *TINY, "--steps", "2", f"data_cache={tmp_path / 'cache'}",
+                   "logger=mlflow", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path / 'a_folder'}",
+                   timeout=90)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout + done.stderr
+    assert text.count("logger=mlflow failed") == 1 and "cannot open the MLflow store" in text
+    assert "mlflow.store.db.utils" not in text and time.monotonic() - started < 60
 
 
 def test_an_unwritable_store_is_one_warning_and_the_run_goes_on(run_nys, tmp_path):

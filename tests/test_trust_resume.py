@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pandas as pd
 import pytest
@@ -12,7 +17,7 @@ from omegaconf import OmegaConf
 
 from nyscli.train import ShuffledBatches
 from nyscli.train.errors import CheckpointError
-from nyscli.train.resume import Change, setup_changes
+from nyscli.train.resume import RESUMED_FROM_FILE, Change, setup_changes
 from tests.helpers import LRA_TINY as TINY
 from tests.helpers import nys_subprocess, run_folders
 
@@ -269,3 +274,34 @@ def test_a_change_that_shapes_the_weights_is_refused_before_any_data(
     lines = refused.stdout.strip().splitlines()
     assert len(lines) == 1 and "model.dim (16 -> 32) would change the model" in lines[0]
     assert run_folders(tmp_path / "outputs" / "lra") == [run]
+
+
+def test_two_resume_true_launches_at_once_continue_the_run_once(run_nys, tmp_path):
+    """The first continuation has not saved a checkpoint yet (nothing on disk says the run is
+    continued): a second identical launch is refused in one line instead of forking it."""
+    args = [*TINY, f"data_cache={tmp_path / 'c'}", "trainer.checkpoint_every=100000"]
+    args[args.index("--steps") + 1] = "100000"
+    first = run_nys("lra", *args, "trainer.stop_at_step=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+    going = subprocess.Popen(
+        [sys.executable, "-m", "nyscli.cli", "lra", *args, "--resume", "true"], cwd=tmp_path,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and going.poll() is None:
+            if list((tmp_path / "outputs").rglob(RESUMED_FROM_FILE)):
+                break
+            time.sleep(0.2)
+        [continuing] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
+        second = run_nys("lra", *args, "--resume", "true", "trainer.stop_at_step=3")
+    finally:
+        going.send_signal(signal.SIGTERM)
+        going.communicate(timeout=120)
+    assert second.returncode == 2, second.stdout + second.stderr
+    lines = [line for line in second.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is already being continued by" in lines[0], lines
+    assert str(continuing.resolve()) in lines[0]
+    assert len(run_folders(tmp_path / "outputs" / "lra")) == 2  # no third run

@@ -249,3 +249,57 @@ def test_training_raises_a_swallowed_sigterm_at_its_next_step(tmp_path):
         trainer.fit(train, dev)
     assert info.value.code == 143 and "interrupted at step 0" in info.value.message
     assert unreported() is None
+
+
+def _ctrl_c_in(monkeypatch, method: str, when) -> None:
+    """Ctrl-C inside ``Trainer.<method>`` once ``when(trainer, args)`` holds."""
+    from nyscli.train.loop import Trainer
+
+    original = getattr(Trainer, method)
+
+    def interrupted(self, *args, **kwargs):
+        if when(self, args):
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, method, interrupted)
+
+
+def _launch_lra(tmp_path, monkeypatch, capsys) -> tuple[int, list[str]]:
+    from nyscli.launch.run import launch
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [a for a in TINY if "=" in a and not a.startswith("-")]
+    code = launch("lra", ["task=listops", "trainer.max_steps=2", "trainer.progress=false",
+                          f"data_cache={tmp_path / 'c'}", *overrides])  # fmt: skip
+    out = capsys.readouterr()
+    errors = [line for line in (out.out + out.err).splitlines() if line.startswith("error:")]
+    return code, errors
+
+
+def test_ctrl_c_in_the_final_test_leaves_error_txt_and_says_how_to_resume(
+    tmp_path, monkeypatch, capsys
+):
+    """Training finished and saved last.pt; the test evaluation after it is interrupted."""
+    from nyscli.train.splits import TEST
+
+    # the evaluation's bar starts inside evaluate(), as its batches would run
+    _ctrl_c_in(monkeypatch, "_eval_bar", lambda trainer, args: args[0] == TEST)
+    code, errors = _launch_lra(tmp_path, monkeypatch, capsys)
+    assert code == 130
+    [run] = run_folders(tmp_path / "outputs" / "lra")
+    [line] = errors
+    assert line.startswith("error: interrupted at step 2; last checkpoint ")
+    assert "; resume with: " in line and line.endswith(f" resume={run}")
+    assert (run / "error.txt").read_text().strip() == line.removeprefix("error: ")
+    assert not (run / "results.csv").exists() and (run / "checkpoints" / LAST).exists()
+
+
+def test_ctrl_c_before_the_first_step_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    """Nothing was produced (metrics.csv holds its header alone): no folder is left."""
+    _ctrl_c_in(monkeypatch, "_update", lambda trainer, args: trainer.step == 0)
+    code, errors = _launch_lra(tmp_path, monkeypatch, capsys)
+    assert code == 130
+    assert errors == ["error: interrupted at step 0; no checkpoint was written yet; "
+                      "no run folder is left"]  # fmt: skip
+    assert not (tmp_path / "outputs").exists()

@@ -38,6 +38,7 @@ from nyscli.train.resources import peak_memory_mb
 from nyscli.train.resume import (
     Change,
     ResumePlan,
+    claim_continuation,
     default_pins,
     named_run,
     plan_resume,
@@ -136,6 +137,8 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
     for change in plan.changes:
         log.warning("resume_changes=allow: %s", change)
     if plan.checkpoint is not None and distributed.is_main():
+        if str(cfg.resume).lower() == "true":  # resume=<folder> is asked for by name
+            claim_continuation(run_dir, plan.checkpoint)
         record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
         log.info("resume=%s: continuing %s", str(cfg.resume).lower(), plan.run)
     seed_everything(int(cfg.seed))

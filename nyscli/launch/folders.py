@@ -18,6 +18,7 @@ from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import distributed
+from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.resume import RESUMED_FROM_FILE
 
 ENV_FILE = "env.json"
@@ -137,6 +138,18 @@ def missing_parents(folder: Path) -> list[Path]:
     return [p for p in folder.parents if not p.exists()]
 
 
+def _header_only(path: Path) -> bool:
+    """A metrics.csv with its header and no row: a training run stopped before its first
+    logged step, which produced nothing."""
+    if path.name != METRICS_FILE or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as handle:
+            return len(handle.read(1 << 16).splitlines()) <= 1
+    except OSError:
+        return False
+
+
 def discard_failed(folder: Path, made_parents: list[Path]) -> None:
     """Remove a run folder that failed before it produced anything but bookkeeping (config,
     env.json, error.txt, the log): an error-only folder is no run. Anything else (metrics,
@@ -145,7 +158,11 @@ def discard_failed(folder: Path, made_parents: list[Path]) -> None:
     run leaves no ``outputs/`` behind."""
     if not folder.is_dir():
         return
-    keep = [p for p in folder.iterdir() if p.name not in BOOKKEEPING and p.suffix != ".log"]
+    keep = [
+        p
+        for p in folder.iterdir()
+        if p.name not in BOOKKEEPING and p.suffix != ".log" and not _header_only(p)
+    ]
     if keep:
         return
     shutil.rmtree(folder, ignore_errors=True)

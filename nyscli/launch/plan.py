@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -182,11 +183,40 @@ class JobComposer:
 
 
 SWEEP_BAR_JOBS = 20  # fewer jobs are checked in about a second: no bar
+CHECK_LINE_EVERY_S = 10.0  # without a terminal: a progress line at most this often
 
 
 @contextlib.contextmanager
 def _no_bar(description: str, total: int) -> Iterator[Any]:
     yield lambda k: None
+
+
+@contextlib.contextmanager
+def _check_lines(description: str, total: int) -> Iterator[Any]:
+    """Progress as lines, for a console that is no terminal (a log, CI, a pipe): rich's bar
+    draws nothing there, and checking 100,000 jobs takes over an hour on 2 cores (30-60 ms a
+    job), so the launch would look hung."""
+    start = last = time.monotonic()
+    done = 0
+
+    def advance(k: int) -> None:
+        nonlocal done, last
+        done += k
+        now = time.monotonic()
+        if now - last < CHECK_LINE_EVERY_S or done >= total:
+            return
+        last = now
+        left = (now - start) / done * (total - done)
+        console.print(f"{description}: {done} of {total} checked, {now - start:.0f} s, "
+                      f"~{left:.0f} s left", highlight=False, soft_wrap=True)  # fmt: skip
+
+    yield advance
+
+
+def _sweep_bar(total: int) -> Any:
+    if total < SWEEP_BAR_JOBS:
+        return _no_bar
+    return progress_bar if console.is_terminal else _check_lines
 
 
 # Python reads integers of at most this many digits (sys.get_int_max_str_digits()); Hydra's
@@ -205,6 +235,30 @@ def _refuse_unreadable_numbers(overrides: list[str]) -> None:
                 f"{key}={override.partition('=')[2][:12]}... is not allowed: a number of "
                 f"{len(digits.group())} digits (the largest readable has {_MAX_DIGITS})"
             )
+
+
+_SEARCH_PARAMS = "hydra.sweeper.params."
+
+
+def _refuse_search_params(overrides: list[str]) -> None:
+    """``hydra.sweeper.params.<key>=interval(...)`` reads as a sweep over Hydra's own config,
+    which Hydra refuses in words that do not say how to change a search's space: name the
+    override that does (the key itself, which the search takes over its preset's entry).
+    A comma list there (``hydra.sweeper.params.attention=a,b``, table3_cpu's) is a grid
+    sweeper's and works."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        key = override_key(override)
+        if not key.startswith(_SEARCH_PARAMS):
+            continue
+        if parser.parse_override(override).value_type != ValueType.INTERVAL_SWEEP:
+            continue
+        value = override.partition("=")[2]
+        raise UserInputError(
+            f"{override.lstrip('+~')} is not allowed: Hydra reads a sweep in a hydra.* key as a "
+            f"sweep of its own settings; change the search's space with the key itself: "
+            f"'{key.removeprefix(_SEARCH_PARAMS)}={value}'"
+        )
 
 
 def is_sweep(overrides: list[str]) -> bool:
@@ -249,6 +303,7 @@ def plan_launch(
     """
     refuse_renamed(command, overrides)
     _refuse_unreadable_numbers(overrides)
+    _refuse_search_params(overrides)
     module = experiment_module(command)
     with composer(command, config_dir) as composing:
         try:
@@ -306,7 +361,7 @@ def _plan(
 
     split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
     # Each job is composed as it will run: a bar for big sweeps.
-    bar = progress_bar if len(split.jobs) >= SWEEP_BAR_JOBS else _no_bar
+    bar = _sweep_bar(len(split.jobs))
     cached = JobComposer(composing, command)
     with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
         for job in split.jobs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -37,7 +38,7 @@ from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
 from nyscli.overrides import override_key, override_value
-from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT
+from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT, SWEEP_CACHE
 from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.train.errors import TrainingInterrupted
 
@@ -96,6 +97,18 @@ def _hydra_reraises() -> Iterator[None]:
             os.environ["HYDRA_FULL_ERROR"] = before
 
 
+@contextlib.contextmanager
+def _shared_work_removed(sweep_dir: Path | None) -> Iterator[None]:
+    """A sweep's shared work (``<sweep>/.cache``, ~1.5 GB for approx-error at the defaults) is
+    removed however the sweep ends: Hydra's end-of-sweep callback removes it, but a sweep
+    stopped by Ctrl-C, SIGTERM or a failed job never reaches that callback."""
+    try:
+        yield
+    finally:
+        if sweep_dir is not None:
+            shutil.rmtree(sweep_dir / SWEEP_CACHE, ignore_errors=True)
+
+
 def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
     parser = get_args_parser()
     parser.prog = f"nys {command}"
@@ -141,7 +154,7 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
             say_error(as_typed(message, typed))
             return 2
     try:
-        with _hydra_reraises():
+        with _hydra_reraises(), _shared_work_removed(sweep_dir):
             _run_hydra(
                 args=args,
                 args_parser=parser,
@@ -173,10 +186,15 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
         say_error(fault_line(error))
         return 2
     except (Abort, TrainingInterrupted) as abort:
-        # An interrupted run keeps its folder: the message says how to resume it.
-        if isinstance(abort, Abort) and fresh is not None and not multirun:
+        # An interrupted run keeps its folder when it produced something (metrics rows, a
+        # checkpoint): the message says how to resume it. Stopped before its first step, it is
+        # removed like any run that failed before it produced anything.
+        message = abort.message
+        if fresh is not None and not multirun:
             discard_failed(fresh, made_parents)
-        say_error(abort.message)
+            if isinstance(abort, TrainingInterrupted) and not fresh.exists():
+                message += "; no run folder is left"
+        say_error(message)
         return abort.code
     except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,26 @@ PARAM_LENGTH = 6000  # MLflow's longest param value
 ARTIFACT_SUFFIXES = (".csv", ".png")
 
 
+def _check_sqlite(path: Path) -> None:
+    """Open a SQLite store once, for writing, before MLflow does: MLflow retries an engine it
+    cannot create for about 2 minutes, with a warning block each time (a read-only disk, a
+    folder that does not exist), before the error that ``nys`` reports as its one warning."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does (outputs/ may be new)
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.rollback()
+    except sqlite3.Error as error:
+        raise OSError(f"cannot open the MLflow store {path} for writing: {error}") from None
+
+
 def _client(uri: str) -> Any:
     try:
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise missing_extra("logger=mlflow") from None
+    if uri.startswith("sqlite:///"):
+        _check_sqlite(Path(uri.removeprefix("sqlite:///")))
     return MlflowClient(tracking_uri=uri)
 
 

@@ -271,7 +271,9 @@ class Trainer:
         running = Running()
         start = time.perf_counter()
         rank, size = distributed.rank(), distributed.world_size()
-        with self._eval_bar(name, batches) as advance:
+        # Interruptible on its own too: the final dev and test evaluations run after fit, and
+        # their Ctrl-C must also leave error.txt and the resume line (the checkpoint is there).
+        with self._interruptible(), self._eval_bar(name, batches) as advance:
             for i, batch in enumerate(batches):
                 advance()
                 if i % size != rank:

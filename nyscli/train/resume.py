@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import os
 import re
 import shlex
 import sys
@@ -34,6 +35,8 @@ from nyscli.train.errors import CheckpointError
 
 RESUME_CHANGES = ("refuse", "allow")
 RESUMED_FROM_FILE = "resumed_from.txt"  # in a resumed run: the folder of the run it continues
+# In a run that resume=true continues: the folder of the run continuing it, created exclusively.
+CONTINUED_FILE = ".nys-continued"
 # Keys that say how to run, not what to train: they may differ between a run and its resume.
 RUN_CONTROL = (
     "resume",
@@ -330,6 +333,9 @@ def _newest_identical(
     unfinished = [c for c in candidates if not is_finished(c[2].parent.parent)]
     last = max(unfinished or candidates)[2]
     if unfinished:
+        holder = _continuing(last.parent.parent)
+        if holder is not None and holder.resolve() != here:  # refused before any folder
+            raise _claimed(last.parent.parent, holder)
         check_complete(last)
     return ResumePlan(last, (), not unfinished)
 
@@ -344,6 +350,42 @@ def _continued_runs(runs_root: Path) -> set[Path]:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             found.add(Path(marker.read_text().strip()).resolve())
     return found
+
+
+def _continuing(run: Path) -> Path | None:
+    """The live run folder that claimed the continuation of ``run`` (:data:`CONTINUED_FILE`),
+    or None: no claim, or its holder was removed (it failed before it produced anything)."""
+    try:
+        holder = Path((run / CONTINUED_FILE).read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return holder if str(holder) and holder.is_dir() else None
+
+
+def _claimed(run: Path, holder: Path) -> UserInputError:
+    return UserInputError(
+        f"resume=true: the run {run} is already being continued by {holder}; a run is "
+        f"continued once (two continuations would fork it): wait for that one, or continue "
+        f"it with resume={holder}"
+    )
+
+
+def claim_continuation(run_dir: Path, checkpoint: Path) -> None:
+    """Claim the continuation of ``checkpoint``'s run for ``run_dir``, atomically (O_EXCL, as
+    run folders are claimed): of two ``resume=true`` launches at once, exactly one continues
+    it and the other stops with one line. A claim whose holder folder is gone is taken over."""
+    run = checkpoint.parent.parent.resolve()
+    here = Path(run_dir).resolve()
+    try:
+        fd = os.open(run / CONTINUED_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        holder = _continuing(run)
+        if holder is not None and holder.resolve() != here:
+            raise _claimed(run, holder) from None
+        write_text(f"{here}\n", run / CONTINUED_FILE)  # a stale claim
+        return
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{here}\n")
 
 
 def record_resume(run_dir: Path, checkpoint: Path) -> None:

@@ -176,17 +176,24 @@ def start_model(cfg: DictConfig) -> tuple[StartingPoint, BertClassifier]:
     return start, model
 
 
-def load_splits(cfg: DictConfig, start: StartingPoint) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The task's examples (train and test as seeded subsets where asked) and their tokens."""
+def load_splits(cfg: DictConfig) -> dict[str, Any]:
+    """The task's examples (train and test as seeded subsets where asked)."""
     examples = load_examples(cfg.task, cfg.data.path, int(cfg.seed))
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], cfg.task.get("test_examples"))
     examples["train"] = seeded_subset(examples["train"], cfg.task.get("train_examples"))
+    return examples
+
+
+def encode_splits(
+    cfg: DictConfig, start: StartingPoint, examples: dict[str, Any]
+) -> dict[str, Any]:
+    """The examples' tokens, in the starting point's vocabulary."""
     max_len = int(cfg.task.max_len)
     encoded = {k: encode_examples(v, start.tokenizer, max_len) for k, v in examples.items()}
     counts = ", ".join(f"{len(v)} {k}" for k, v in encoded.items())
     log.info("task %s: %s examples", cfg.task.name, counts)
-    return examples, encoded
+    return encoded
 
 
 def final_scores(
@@ -238,9 +245,12 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
     task = str(cfg.task.name)
     device, plan = start_run(cfg, run_dir)
+    # The data is read before the model is loaded, so a bad data.path is refused alone, before
+    # the init= line and the seconds a pretrained model takes to load.
+    examples = load_splits(cfg)
     start, model = start_model(cfg)
     max_len = int(cfg.task.max_len)
-    examples, encoded = load_splits(cfg, start)
+    encoded = encode_splits(cfg, start, examples)
     collate = PairCollate(max_len, start.tokenizer.pad_id)
 
     batch_size = int(cfg.trainer.batch_size)  # per rank
