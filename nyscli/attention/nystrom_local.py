@@ -222,9 +222,9 @@ class NystromLocalAttention(Core):
             q, v, self.num_landmarks, self.heavy_keys
         ):
             # On a GPU, inference: the band, heavy keys and landmarks of a block of queries in
-            # one program (no band-sized temporaries, no chunks); the shared parts as above.
-            # The shared parts in the inputs' own dtype (fp32 under autocast: in bf16 they
-            # alone made the output's error ~10x larger); the band in autocast's.
+            # one program (no band-sized temporaries, no chunks). The shared parts stay in the
+            # inputs' dtype (fp32 under autocast: in bf16 they alone made the output's error
+            # ~10x larger); the band's products take autocast's.
             with torch.autocast(device_type=q.device.type, enabled=False):
                 parts = self.parts(q, k, v, mask, band, gpu=True)
             return nystrom_gpu.hybrid_forward(q, k, v, parts, band.radius)
