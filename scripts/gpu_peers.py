@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Nyström peers on one device, in one run (issue 50, point 5): SDPA, nys's Nyström-64 core,
+"""Nyström peers on one device, in one run: SDPA, nys's Nyström-64 core,
 Hugging Face's Nyström self-attention and lucidrains' ``nystrom-attention``.
 
     scripts/gpu_peers.py OUT [--toy] [--minutes M] [--wheels DIR] [--seq-lens N,N,...]
