@@ -77,23 +77,31 @@ def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
 
 
 @cache
-def _launch_constants(h: int, m: int, d: int, wide: bool, has_e: bool) -> dict[str, Any]:
-    """The kernels' arguments besides tensors, per shape (cached: at small n a call's time is
-    its Python)."""
+def _tile(m: int, wide: bool) -> dict[str, Any]:
+    """What a program holding m x m iterates needs besides tensors: the floor of the pinv's
+    start, the padded tile, the compute dtype and the warps (cached: at small n a call's time
+    is its Python)."""
     import triton.language as tl
 
-    dtype = torch.float64 if wide else torch.float32
+    return {
+        "tiny": torch.finfo(torch.float64 if wide else torch.float32).tiny,
+        "BM": _block(m),
+        "DT": tl.float64 if wide else tl.float32,
+        "num_warps": 8 if _block(m) >= 64 else 4,
+    }
+
+
+@cache
+def _launch_constants(h: int, m: int, d: int, wide: bool, has_e: bool) -> dict[str, Any]:
+    """The landmark kernels' arguments besides tensors, per shape."""
     return {
         "heads": h,
         "scale": 1.0 / math.sqrt(d),
-        "tiny": torch.finfo(dtype).tiny,
         "M": m,
         "D": d,
-        "BM": _block(m),
         "BD": _block(d),
         "HAS_E": has_e,
-        "DT": tl.float64 if wide else tl.float32,
-        "num_warps": 8 if _block(m) >= 64 else 4,
+        **_tile(m, wide),
     }
 
 
@@ -196,17 +204,7 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     dtype = _compute_dtype(a)
     a = a.to(dtype).contiguous()
     z = torch.empty_like(a)
-    constants = _launch_constants(1, m, 1, dtype == torch.float64, False)
-    kernel[(a.numel() // (m * m),)](
-        a,
-        z,
-        constants["tiny"],
-        m,
-        BM=constants["BM"],
-        ITERS=iterations,
-        DT=constants["DT"],
-        num_warps=constants["num_warps"],
-    )
+    kernel[(a.numel() // (m * m),)](a, z, M=m, ITERS=iterations, **_tile(m, dtype == torch.float64))
     return z
 
 

@@ -44,7 +44,7 @@ from nyscli.launch.sweepers import search
 from nyscli.launch.sweepers.grid import per_attention
 from nyscli.overrides import override_key, override_keys
 from nyscli.paths import CONF_SOURCE
-from nyscli.rules import Bool
+from nyscli.rules import Bool, show
 from nyscli.train.resume import pin_overrides
 
 
@@ -232,7 +232,7 @@ def _refuse_unreadable_numbers(overrides: list[str]) -> None:
         if digits:
             key = override_key(override) if "=" in override else override[:20]
             raise UserInputError(
-                f"{key}={override.partition('=')[2][:12]}... is not allowed: a number of "
+                f"{key}={show(override.partition('=')[2])} is not allowed: a number of "
                 f"{len(digits.group())} digits (the largest readable has {_MAX_DIGITS})"
             )
 

@@ -112,13 +112,13 @@ def _last_line(log: Path) -> str:
     return next((line for line in reversed(lines) if line), "(empty)")
 
 
-def _as_dict(overrides: list[str]) -> dict[str, str]:
+def overrides_dict(overrides: list[str]) -> dict[str, str]:
     return dict(o.partition("=")[::2] for o in overrides)
 
 
 def sweep_overrides(runs: list[RunFolder]) -> list[str]:
     """Override keys whose value (or presence) differs between runs: they tell jobs apart."""
-    given = [_as_dict(run.overrides) for run in runs]
+    given = [overrides_dict(run.overrides) for run in runs]
     keys = dict.fromkeys(k for g in given for k in g)
     return [k for k in keys if len({g.get(k) for g in given}) > 1]
 
@@ -135,7 +135,7 @@ def aggregate(runs: list[RunFolder]) -> pd.DataFrame:
         if run.results is None:
             continue
         frame = run.results.copy()
-        given = _as_dict(run.overrides)
+        given = overrides_dict(run.overrides)
         frame.insert(0, "job", " ".join(f"{k}={given[k]}" for k in keys if k in given))
         frame.insert(1, "run_dir", str(run.path))
         frames.append(frame)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from nyscli.output.runs import RunFolder
+from nyscli.output.runs import RunFolder, overrides_dict, sweep_overrides
 
 # Top-level config keys that never change what a run computes.
 NOT_A_SETTING = ("seed", "threads", "device", "resume", "data_cache", "fail_fast")
@@ -44,22 +44,13 @@ class SeedGroup:
         return len(self.runs)
 
 
-def settings(run: RunFolder) -> str:
-    """The run's resolved config and its overrides without ``NOT_A_SETTING``, as canonical
+def settings(run: RunFolder, config: dict) -> str:
+    """The run's resolved ``config`` and its overrides without ``NOT_A_SETTING``, as canonical
     JSON; a config with no seed at all is a group of its own (its folder in the key)."""
-    config_file = Path(run.path) / ".hydra" / "config.yaml"
-    config = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False)
-    assert isinstance(config, dict)
     kept = {key: value for key, value in config.items() if key not in NOT_A_SETTING}
     given = sorted(o for o in run.overrides if o.split("=")[0].lstrip("+~") not in NOT_A_SETTING)
     alone = None if "seed" in config else str(run.path)
     return json.dumps([kept, given, alone], sort_keys=True, default=str)
-
-
-def seed_of(run: RunFolder) -> int | str:
-    config = OmegaConf.load(Path(run.path) / ".hydra" / "config.yaml")
-    seed = config.get("seed", "?")
-    return int(seed) if isinstance(seed, int) else str(seed)
 
 
 def seed_groups(runs: list[RunFolder]) -> list[SeedGroup]:
@@ -68,9 +59,13 @@ def seed_groups(runs: list[RunFolder]) -> list[SeedGroup]:
     for run in runs:
         if run.results is None:
             continue
-        group = groups.setdefault(settings(run), SeedGroup([]))
+        loaded = OmegaConf.load(Path(run.path) / ".hydra" / "config.yaml")
+        config = OmegaConf.to_container(loaded, resolve=False)
+        assert isinstance(config, dict)
+        group = groups.setdefault(settings(run, config), SeedGroup([]))
         group.runs.append(run)
-        group.seeds.append(seed_of(run))
+        seed = config.get("seed", "?")
+        group.seeds.append(int(seed) if isinstance(seed, int) else str(seed))
     return list(groups.values())
 
 
@@ -122,15 +117,12 @@ def group_labels(groups: list[SeedGroup]) -> list[str]:
     """Each group's label: the overrides that differ between the groups, seeds and the other
     ``NOT_A_SETTING`` keys left out (``attention=nystrom``); the first run's folder name where
     nothing differs."""
-    given = [dict(o.partition("=")[::2] for o in g.runs[0].overrides) for g in groups]
-    keys = [
-        k
-        for k in dict.fromkeys(k for d in given for k in d)
-        if k.lstrip("+~") not in NOT_A_SETTING and len({d.get(k) for d in given}) > 1
-    ]
+    firsts = [g.runs[0] for g in groups]
+    keys = [k for k in sweep_overrides(firsts) if k.lstrip("+~") not in NOT_A_SETTING]
+    given = [overrides_dict(run.overrides) for run in firsts]
     return [
-        " ".join(f"{k}={d[k]}" for k in keys if k in d) or g.runs[0].path.name
-        for g, d in zip(groups, given, strict=True)
+        " ".join(f"{k}={d[k]}" for k in keys if k in d) or run.path.name
+        for run, d in zip(firsts, given, strict=True)
     ]
 
 
