@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a Nyström core call goes on a GPU: the torch path against the Triton path, in one run.
 
-    scripts/gpu_profile.py [OUT] [--lens 1024,2048,...] [--minutes M] [--toy]
+    scripts/gpu_profile.py [OUT] [--lens 1024,2048,...] [--minutes M] [--skip-tests] [--toy]
 
 For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md says why each):
 1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
@@ -58,6 +58,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lens", default=",".join(map(str, LENS)))
     parser.add_argument("--minutes", type=float, default=None)
     parser.add_argument("--toy", action="store_true")
+    parser.add_argument("--skip-tests", action="store_true", help="not step 1 (compiling)")
     return parser.parse_args()
 
 
@@ -83,9 +84,12 @@ def main() -> None:
     lens = [128] if args.toy else [int(x) for x in args.lens.split(",")]
     ends_at = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     print(environment(torch, device), flush=True)
-    if not args.toy:
+    if not (args.toy or args.skip_tests):
         run_kernel_tests(out)
-    write_csv(out / "equality.csv", equality(torch, device, 128 if args.toy else 4096))
+    same = equality(torch, device, 128 if args.toy else 4096)
+    write_csv(out / "equality.csv", same)
+    if bad := mismatches(same):
+        sys.exit("gpu_profile: the Triton path is off float64: " + "; ".join(bad))
     rows = timings(torch, device, lens, args.toy, ends_at)
     write_csv(out / "gpu_profile.csv", rows)
     for path in ("torch", "triton"):
@@ -175,7 +179,43 @@ def equality(torch, device, n: int) -> list[dict]:
                 }
                 rows.append(row)
                 print(f"{row['dtype']:>8} {path:<15} {name:<6} vs float64: {error:.2e}", flush=True)
+    # The hybrid's GPU path serves inference only: its output, without gradients.
+    with torch.no_grad():
+        want = core(torch, "hybrid-torch")(*exact_inputs)
+        for dtype in (torch.float32, torch.bfloat16):
+            for path in ("hybrid-torch", "hybrid-triton"):
+                got = core(torch, path)(*(x.to(dtype) for x in exact_inputs))
+                error = ((got.double() - want).norm() / want.norm()).item()
+                rows.append(
+                    {
+                        "dtype": str(dtype).split(".")[-1],
+                        "n": n,
+                        "path": path,
+                        "tensor": "out",
+                        "relative_error_vs_float64": error,
+                    }
+                )
+                label = rows[-1]["dtype"]
+                print(f"{label:>8} {path:<15} out    vs float64: {error:.2e}", flush=True)
     return rows
+
+
+def mismatches(rows: list[dict]) -> list[str]:
+    """The Triton rows more than 4x (and 1e-4) further from float64 than the torch path's
+    same row: a kernel that computes something else, not rounding."""
+    torch_rows = {
+        (r["dtype"], r["path"].split("-")[0], r["tensor"]): r["relative_error_vs_float64"]
+        for r in rows
+        if r["path"].endswith("-torch")
+    }
+    bad = []
+    for r in rows:
+        if r["path"].endswith("-triton"):
+            ref = torch_rows[(r["dtype"], r["path"].split("-")[0], r["tensor"])]
+            error = r["relative_error_vs_float64"]
+            if not error <= max(4 * ref, ref + 1e-4):  # NaN fails too
+                bad.append(f"{r['dtype']} {r['path']} {r['tensor']}: {error:.2e} vs {ref:.2e}")
+    return bad
 
 
 def timer(torch, device) -> tuple[Callable, Callable]:

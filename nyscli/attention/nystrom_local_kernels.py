@@ -16,7 +16,11 @@ float32/float64 work, in DT exactly. Everything else is DT.
 import triton
 import triton.language as tl
 
-EXP_FLOOR = -80.0  # as nystrom_local.EXP_FLOOR
+from nyscli.attention import nystrom_local
+from nyscli.attention.nystrom_kernels import dot
+
+# A compiled kernel reads module globals only as constexpr (the interpreter reads any).
+EXP_FLOOR = tl.constexpr(nystrom_local.EXP_FLOOR)
 
 
 @triton.jit
@@ -40,11 +44,11 @@ def mm(a, b, OP: tl.constexpr, DT: tl.constexpr, NATIVE: tl.constexpr):
     """a @ b in DT, the operands rounded to OP first: half-precision operands go to the
     tensor cores (float32 sums)."""
     if OP == DT:
-        out = tl.dot(a.to(DT), b.to(DT), input_precision="ieee")
+        out = dot(a.to(DT), b.to(DT))
     elif NATIVE:
         out = tl.dot(a.to(OP), b.to(OP)).to(DT)
     else:
-        out = tl.dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE), input_precision="ieee")
+        out = dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE))
         out = out.to(DT)
     return out
 
@@ -159,13 +163,13 @@ def hybrid_forward(
         mask=(lm[:, None] < M) & (lm[None, :] < M),
         other=0.0,
     ).to(DT)
-    p = tl.dot(f, z, input_precision="ieee")  # (BQ, BM)
+    p = dot(f, z)  # (BQ, BM)
     hb = tl.load(
         hb_ptr + head * M * G + lm[:, None] * G + hv[None, :],
         mask=(lm[:, None] < M) & (hv[None, :] < G),
         other=0.0,
     ).to(DT)
-    k_heavy = tl.dot(p, hb, input_precision="ieee") * heavy_real[None, :]
+    k_heavy = dot(p, hb) * heavy_real[None, :]
     mass = tl.load(mass_ptr + head * M + lm, mask=lm < M, other=0.0).to(DT)
     lr_mass = tl.sum(p * mass[None, :], axis=1)
     # Second pass over the band: exact kernel and Nyström's estimate there, kept apart until
@@ -184,7 +188,7 @@ def hybrid_forward(
             mask=(lm[:, None] < M) & inside[None, :],
             other=0.0,
         ).to(DT)
-        kt = tl.where(keep, tl.dot(p, bt, input_precision="ieee"), 0.0)
+        kt = tl.where(keep, dot(p, bt), 0.0)
         v = tl.load(
             v_ptr + head * n * D + cols[:, None] * D + dims[None, :],
             mask=inside[:, None] & (dims[None, :] < D),
@@ -210,8 +214,8 @@ def hybrid_forward(
         other=0.0,
     ).to(DT)
     num = acc_e - gate[:, None] * acc_k
-    num += tl.dot(w_heavy, hvals, input_precision="ieee")
-    num += tl.dot(p * gate[:, None], lvals, input_precision="ieee")
+    num += dot(w_heavy, hvals)
+    num += dot(p * gate[:, None], lvals)
     den = den_e - gate * den_k + tl.sum(w_heavy, axis=1) + gate * lr_mass
     out = num / tl.maximum(den, tiny)[:, None]
     tl.store(
