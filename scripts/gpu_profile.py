@@ -134,6 +134,7 @@ def core(torch, path: str):
     if path == "sdpa":
         return build_attention({"name": "softmax"})
     nystrom_gpu.HAS_TRITON = "-triton" in path and _triton_found()
+    nystrom_gpu.HYBRID_ON_CUDA = "-triton" in path  # the check this script makes
     if path.startswith("hybrid"):
         return build_attention({"name": "nystrom_local"})  # budget 128: w 65, m 16, g 32
     return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})

@@ -212,9 +212,13 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
             (r["dtype"], r["path"], r["tensor"]): float(r["relative_error_vs_float64"])
             for r in csv.DictReader(handle)
         }
-    assert len(errors) == 16
-    for (dtype, path, _), error in errors.items():
-        assert error < (2e-5 if dtype == "float32" else 3e-2), (dtype, path, error)
+    assert len(errors) == 16 + 4  # Nyström: output and 3 gradients; the hybrid: its output
+    for (dtype, path, tensor), error in errors.items():
+        if path.startswith("nystrom"):
+            assert error < (2e-5 if dtype == "float32" else 3e-2), (dtype, path, error)
+        else:  # the hybrid in bf16 is ~8% off float64 on both paths (its band's cancellation)
+            torch_path = errors[(dtype, "hybrid-torch", tensor)]
+            assert error < (2e-5 if dtype == "float32" else 1.25 * torch_path), (dtype, path)
     for path, mode in [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
 

@@ -218,10 +218,18 @@ MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 
 
+# The hybrid's kernel faulted on its first GPU (H200, Triton 3.6: an out-of-bounds shared-memory
+# read inside a tf32x3 product, compute-sanitizer; docs/results/gpu-notes.md). Its products
+# now split float32 by hand; until a GPU has run it against float64, CUDA keeps the hybrid's
+# torch path unless this is set (scripts/gpu_profile.py does, to check it).
+HYBRID_ON_CUDA = False
+
+
 def hybrid_applies(q: Tensor, v: Tensor, m: int, g: int) -> bool:
     """Whether ``hybrid_forward`` serves the Nyström-local hybrid with m landmarks and g heavy
     keys for q: (B, H, n, d), v: (B, H, n, d_v) here (inference only: no backward)."""
-    return applies(q, v, m) and g <= MAX_HEAVY_KEYS
+    checked = HYBRID_ON_CUDA or TESTING or not q.is_cuda
+    return checked and applies(q, v, m) and g <= MAX_HEAVY_KEYS
 
 
 def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> Tensor:

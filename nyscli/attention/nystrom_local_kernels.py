@@ -17,10 +17,26 @@ import triton
 import triton.language as tl
 
 from nyscli.attention import nystrom_local
-from nyscli.attention.nystrom_kernels import dot
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).
 EXP_FLOOR = tl.constexpr(nystrom_local.EXP_FLOOR)
+
+
+@triton.jit
+def split_dot(a, b):
+    """a @ b: float64 exactly; float32 to about its own accuracy as three tf32 products,
+    a_hi b_hi + a_hi b_lo + a_lo b_hi, with x_hi = x's top 10 mantissa bits and x_lo = x - x_hi
+    (exact). Split here, not by ``input_precision="tf32x3"``: that one read shared memory out of
+    bounds in this kernel (H200, Triton 3.6, compute-sanitizer)."""
+    if a.dtype == tl.float64:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        a_hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        b_hi = (b.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        out = tl.dot(a_hi, b - b_hi, input_precision="tf32")
+        out += tl.dot(a - a_hi, b_hi, input_precision="tf32")
+        out += tl.dot(a_hi, b_hi, input_precision="tf32")
+    return out
 
 
 @triton.jit
@@ -44,11 +60,11 @@ def mm(a, b, OP: tl.constexpr, DT: tl.constexpr, NATIVE: tl.constexpr):
     """a @ b in DT, the operands rounded to OP first: half-precision operands go to the
     tensor cores (float32 sums)."""
     if OP == DT:
-        out = dot(a.to(DT), b.to(DT))
+        out = split_dot(a.to(DT), b.to(DT))
     elif NATIVE:
         out = tl.dot(a.to(OP), b.to(OP)).to(DT)
     else:
-        out = dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE))
+        out = split_dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE))
         out = out.to(DT)
     return out
 
@@ -163,13 +179,13 @@ def hybrid_forward(
         mask=(lm[:, None] < M) & (lm[None, :] < M),
         other=0.0,
     ).to(DT)
-    p = dot(f, z)  # (BQ, BM)
+    p = split_dot(f, z)  # (BQ, BM)
     hb = tl.load(
         hb_ptr + head * M * G + lm[:, None] * G + hv[None, :],
         mask=(lm[:, None] < M) & (hv[None, :] < G),
         other=0.0,
     ).to(DT)
-    k_heavy = dot(p, hb) * heavy_real[None, :]
+    k_heavy = split_dot(p, hb) * heavy_real[None, :]
     mass = tl.load(mass_ptr + head * M + lm, mask=lm < M, other=0.0).to(DT)
     lr_mass = tl.sum(p * mass[None, :], axis=1)
     # Second pass over the band: exact kernel and Nyström's estimate there, kept apart until
@@ -188,7 +204,7 @@ def hybrid_forward(
             mask=(lm[:, None] < M) & inside[None, :],
             other=0.0,
         ).to(DT)
-        kt = tl.where(keep, dot(p, bt), 0.0)
+        kt = tl.where(keep, split_dot(p, bt), 0.0)
         v = tl.load(
             v_ptr + head * n * D + cols[:, None] * D + dims[None, :],
             mask=inside[:, None] & (dims[None, :] < D),
@@ -214,8 +230,8 @@ def hybrid_forward(
         other=0.0,
     ).to(DT)
     num = acc_e - gate[:, None] * acc_k
-    num += dot(w_heavy, hvals)
-    num += dot(p * gate[:, None], lvals)
+    num += split_dot(w_heavy, hvals)
+    num += split_dot(p * gate[:, None], lvals)
     den = den_e - gate * den_k + tl.sum(w_heavy, axis=1) + gate * lr_mass
     out = num / tl.maximum(den, tiny)[:, None]
     tl.store(
