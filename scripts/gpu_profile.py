@@ -7,7 +7,9 @@ For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md sa
 1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
-3. Times (median ms) and peak memory over SDPA, for bf16 and fp32, forward and forward +
+3. The landmark programs alone, per setting of their products (tf32x3, tf32) and warps:
+   GPU time and error against float64 (OUT/variants.csv).
+4. Times (median ms) and peak memory over SDPA, for bf16 and fp32, forward and forward +
    backward, batch 1, 12 heads of 64: ``sdpa``; Nyström-64 as ``nystrom-torch`` (the landmark
    side as torch ops, what every GPU run used so far) and ``nystrom-triton`` (this checkout's
    path); forward only, ``nystrom-triton-graph`` (that call captured once in a CUDA graph and
@@ -16,10 +18,11 @@ For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md sa
    one call from an idle GPU as ``nys bench`` times it (launch-bound when the work is small),
    and ``stream_ms``, the mean of calls queued back to back (the GPU's own time, once the CPU
    keeps ahead of it).
-4. The torch profiler over one forward and one forward + backward at n = 8,192 (bf16) for both
+5. The torch profiler over one forward and one forward + backward at n = 8,192 (bf16) for both
    Nyström paths: kernels launched, GPU time in kernels, the top kernels (OUT/profile-*.txt).
 
-Writes OUT/gpu_profile.csv, OUT/equality.csv, OUT/profile-*.txt and prints a short table last.
+Writes OUT/gpu_profile.csv, OUT/equality.csv, OUT/variants.csv, OUT/profile-*.txt and prints
+a short table last.
 ``--toy``: the CPU at n = 128 with the kernels in Triton's interpreter: the script's path, run by
 the tests. ``--minutes``: stop timing new cells when that much time has gone.
 """
@@ -94,6 +97,7 @@ def main() -> None:
     write_csv(out / "equality.csv", same)
     if bad := mismatches(same):
         sys.exit("gpu_profile: the Triton path is off float64: " + "; ".join(bad))
+    write_csv(out / "variants.csv", variants(torch, device, args.toy, ends_at))
     rows = timings(torch, device, lens, args.toy, ends_at)
     write_csv(out / "gpu_profile.csv", rows)
     for path in ("torch", "triton"):
@@ -291,6 +295,76 @@ def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], o
     with torch.cuda.graph(graph), torch.inference_mode():
         attention(q, k, v)
     return graph.replay
+
+
+# The landmark programs' settings to time (nystrom_gpu.PRODUCTS, WARPS), the current one first.
+FORWARD_VARIANTS = [("tf32x3", 4), ("tf32", 4), ("tf32", 8)]
+BACKWARD_VARIANTS = [("tf32x3", 8), ("tf32", 4), ("tf32", 8)]
+
+
+def variants(torch, device, toy: bool, ends_at: float | None) -> list[dict]:
+    """Each landmark program alone, per setting of its products and warps: GPU time (CUDA
+    events, ``triton.testing.do_bench``; wall clock on a CPU) and the relative error of W
+    (forward) or of the worst of its three gradients (backward) against the float64 formula.
+    Landmarks: segment means of n = 8,192 random tokens (64 of 128 each), 12 heads, float32
+    (W comes back in its inputs' dtype: bf16's rounding would hide the products' error)."""
+    import torch.nn.functional as F
+
+    from nyscli.attention import nystrom_gpu
+    from nyscli.attention.nystrom import NystromAttention
+
+    n, m = (256, 16) if toy else (PROFILE_LEN, LANDMARKS)
+    q, k, v = inputs(torch, device, n, torch.float32, grad=False, seed=3)
+    means = [x.view(1, HEADS, m, n // m, HEAD_DIM).mean(3) for x in (q, k)]
+    bv = F.scaled_dot_product_attention(means[0], k, v)
+    upstream = torch.randn(bv.shape, device=device, dtype=torch.float64)
+    exact = [x.double().requires_grad_() for x in (*means, bv)]
+    core = NystromAttention(num_landmarks=m)
+    w_ref = core.pseudo_inverse(core.landmark_kernel(exact[0], exact[1], None)) @ exact[2]
+    g_ref = torch.autograd.grad(w_ref, exact, upstream)
+
+    def bench(fn: Callable[[], object]) -> float:
+        if device.type != "cuda":
+            start = time.perf_counter()
+            fn()
+            return 1e3 * (time.perf_counter() - start)
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=10, rep=50)
+
+    def error(got, want) -> float:
+        return ((got.double() - want).norm() / want.norm()).item()
+
+    rows = []
+    saved = (nystrom_gpu.PRODUCTS, dict(nystrom_gpu.WARPS))
+    x = [t.contiguous() for t in (*means, bv)]
+    grad_w = upstream.float()
+    try:
+        for kernel, settings in (("forward", FORWARD_VARIANTS), ("backward", BACKWARD_VARIANTS)):
+            for products, warps in settings:
+                if ends_at is not None and time.monotonic() > ends_at:
+                    print(f"time is up: no {kernel} variant {products}/{warps}", flush=True)
+                    continue
+                nystrom_gpu.PRODUCTS = products
+                nystrom_gpu.WARPS[kernel] = warps
+                if kernel == "forward":
+                    fn = lambda: nystrom_gpu._forward(*x, None, 6)  # noqa: E731
+                    err = error(fn(), w_ref)
+                else:
+                    fn = lambda: nystrom_gpu._backward(*x, None, grad_w, 6)  # noqa: E731
+                    err = max(error(g, r) for g, r in zip(fn(), g_ref, strict=True))
+                row = {"kernel": kernel, "products": products, "warps": warps}
+                row.update(gpu_us=1e3 * bench(fn), relative_error_vs_float64=err)
+                rows.append(row)
+                print(
+                    f"{kernel:>8} {products:>6} {warps:>2} warps: {row['gpu_us']:8.1f} us, "
+                    f"error {err:.2e}",
+                    flush=True,
+                )
+                nystrom_gpu.WARPS.update(saved[1])
+    finally:
+        nystrom_gpu.PRODUCTS, nystrom_gpu.WARPS = saved[0], saved[1]
+    return rows
 
 
 def peak_mb(torch, device, fn: Callable[[], object]) -> float:

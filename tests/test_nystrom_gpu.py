@@ -82,10 +82,15 @@ def test_other_iteration_counts(interpret, iterations) -> None:
     assert relative(got, want) < 1e-11
 
 
+@pytest.mark.parametrize("products", ["tf32x3", "tf32"])
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-def test_low_precision_inputs_compute_in_float32(interpret, dtype, bound) -> None:
+def test_low_precision_inputs_compute_in_float32(
+    interpret, monkeypatch, dtype, bound, products
+) -> None:
     # Against the float64 formula on the same (rounded) inputs: only float32 arithmetic and
-    # the output's rounding to the input dtype separate them.
+    # the output's rounding to the input dtype separate them. (The interpreter multiplies in
+    # float32 whatever the products' setting: a GPU measures tf32's own error, gpu_profile.)
+    monkeypatch.setattr(nystrom_gpu, "PRODUCTS", products)
     q_land, k_land, bv = landmarks(2, 3, 64, 64, seed=3, dtype=dtype)
     w = nystrom_gpu.landmark_weights(q_land, k_land, bv, None, 6)
     assert w.dtype == dtype and torch.isfinite(w).all()
@@ -219,6 +224,11 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         else:  # the hybrid in bf16 is ~8% off float64 on both paths (its band's cancellation)
             torch_path = errors[(dtype, "hybrid-torch", tensor)]
             assert error < (2e-5 if dtype == "float32" else 1.25 * torch_path), (dtype, path)
+    with open(tmp_path / "variants.csv", newline="") as handle:
+        variants = list(csv.DictReader(handle))
+    assert {r["kernel"] for r in variants} == {"forward", "backward"} and len(variants) == 6
+    for r in variants:  # the interpreter multiplies in float32 whatever the setting
+        assert float(r["relative_error_vs_float64"]) < 1e-5 and float(r["gpu_us"]) > 0
     for path, mode in [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
 

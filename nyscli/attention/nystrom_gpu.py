@@ -76,20 +76,31 @@ def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
     return _launch_constants(h, m, d, q_land.dtype == torch.float64, exists is not None)
 
 
+# How the landmark programs multiply float32 tiles ("tf32x3": three tf32 products, about
+# float32's accuracy; "tf32": one) and how many warps each kernel runs, chosen from ptxas'
+# stacks on sm_90 (docs/results/gpu-notes.md); read at each launch, so that
+# scripts/gpu_profile.py can time the alternatives in one process.
+PRODUCTS = "tf32x3"
+WARPS = {"forward": 4, "backward": 8, "pinv": 4}
+
+
 @cache
 def _tile(m: int, wide: bool) -> dict[str, Any]:
     """What a program holding m x m iterates needs besides tensors: the floor of the pinv's
-    start, the padded tile, the compute dtype and the warps (cached: at small n a call's time
-    is its Python). Four warps: ptxas (sm_90, m = 64) spills 184 B per thread there against
-    864 B with eight."""
+    start, the padded tile and the compute dtype (cached: at small n a call's time is its
+    Python)."""
     import triton.language as tl
 
     return {
         "tiny": torch.finfo(torch.float64 if wide else torch.float32).tiny,
         "BM": _block(m),
         "DT": tl.float64 if wide else tl.float32,
-        "num_warps": 4,
     }
+
+
+def _how(kernel: str) -> dict[str, Any]:
+    """The launch settings of one landmark kernel: its products and warps."""
+    return {"PREC": PRODUCTS, "num_warps": WARPS[kernel]}
 
 
 @cache
@@ -116,7 +127,9 @@ def _forward(
     w = torch.empty_like(bv)
     b, h = q_land.shape[:2]
     args = _launch_args(q_land, exists)
-    forward_kernel[(b * h,)](q_land, k_land, flags, bv, w, ITERS=iterations, **args)
+    forward_kernel[(b * h,)](
+        q_land, k_land, flags, bv, w, ITERS=iterations, **args, **_how("forward")
+    )
     return w
 
 
@@ -138,11 +151,17 @@ def _backward(
     grads = [torch.empty(x.shape, dtype=dtype, device=x.device) for x in (q_land, k_land, bv)]
     # The iterates Z_0 .. Z_{T-1} of each head, written and read back by its own program.
     scratch = torch.empty(b * h * iterations * args["BM"] ** 2, dtype=dtype, device=bv.device)
-    # Eight warps: it holds more tiles at once than the forward (ptxas, sm_90, m = 64: a
-    # 3.1 KB stack per thread, 3.5 KB with four).
-    args = {**args, "num_warps": 8}
     backward_kernel[(b * h,)](
-        q_land, k_land, flags, bv, grad_w.contiguous(), *grads, scratch, ITERS=iterations, **args
+        q_land,
+        k_land,
+        flags,
+        bv,
+        grad_w.contiguous(),
+        *grads,
+        scratch,
+        ITERS=iterations,
+        **args,
+        **_how("backward"),
     )
     g_ql, g_kl, g_bv = grads
     return g_ql.to(q_land.dtype), g_kl.to(k_land.dtype), g_bv.to(bv.dtype)
@@ -208,7 +227,8 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     dtype = _compute_dtype(a)
     a = a.to(dtype).contiguous()
     z = torch.empty_like(a)
-    kernel[(a.numel() // (m * m),)](a, z, M=m, ITERS=iterations, **_tile(m, dtype == torch.float64))
+    tile = _tile(m, dtype == torch.float64)
+    kernel[(a.numel() // (m * m),)](a, z, M=m, ITERS=iterations, **tile, **_how("pinv"))
     return z
 
 

@@ -10,12 +10,15 @@ import triton.language as tl
 
 
 @triton.jit
-def dot(a, b):
-    """a @ b: float64 exactly; float32 as three tf32 products on the tensor cores (tf32x3,
-    about float32's accuracy). A plain float32 dot of 64 x 64 tiles runs on the FMA units with
-    whole operand rows per thread, which spills ~13 KB per thread (ptxas, sm_90)."""
+def dot(a, b, PREC: tl.constexpr):
+    """a @ b: float64 exactly; float32 on the tensor cores as PREC says: "tf32x3" (three tf32
+    products, about float32's accuracy) or "tf32" (one; for bf16/fp16 work, whose own rounding
+    is coarser). A plain float32 dot of 64 x 64 tiles runs on the FMA units with whole operand
+    rows per thread, which spills ~13 KB per thread (ptxas, sm_90)."""
     if a.dtype == tl.float64:
         out = tl.dot(a, b, input_precision="ieee")
+    elif PREC == "tf32":
+        out = tl.dot(a, b, input_precision="tf32")
     else:
         out = tl.dot(a, b, input_precision="tf32x3")
     return out
@@ -35,6 +38,7 @@ def landmark_matrix(
     BD: tl.constexpr,
     HAS_E: tl.constexpr,
     DT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """q~, k~ (BM x BD, zero-padded) and A = softmax(q~ k~^T scale) with empty landmarks'
     rows and columns zero (padding too)."""
@@ -47,7 +51,7 @@ def landmark_matrix(
     real = rows < M
     if HAS_E:
         real = real & (tl.load(e_ptr + batch * M + rows, mask=rows < M, other=0) != 0)
-    s = dot(ql, tl.trans(kl)) * scale
+    s = dot(ql, tl.trans(kl), PREC) * scale
     s = tl.where(real[None, :], s, float("-inf"))
     top = tl.max(s, axis=1)
     top = tl.where(top == float("-inf"), 0.0, top)  # a row with no landmark at all
@@ -68,13 +72,13 @@ def start(a, tiny):
 
 
 @triton.jit
-def newton_step(a, z, eye):
+def newton_step(a, z, eye, PREC: tl.constexpr):
     """Z' = 1/4 Z (13 I - AZ (15 I - AZ (7 I - AZ))), the products in pinv.py's order."""
-    az = dot(a, z)
+    az = dot(a, z, PREC)
     t = 7.0 * eye - az
-    t = 15.0 * eye - dot(az, t)
-    t = 13.0 * eye - dot(az, t)
-    return dot(0.25 * z, t)
+    t = 15.0 * eye - dot(az, t, PREC)
+    t = 13.0 * eye - dot(az, t, PREC)
+    return dot(0.25 * z, t, PREC)
 
 
 @triton.jit
@@ -94,22 +98,23 @@ def forward(
     ITERS: tl.constexpr,
     HAS_E: tl.constexpr,
     DT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     head = tl.program_id(0)
     base = head * M * D
     _, _, _, a, _ = landmark_matrix(
-        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT
+        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT, PREC
     )
     z, _, _, _ = start(a, tiny)
     idx = tl.arange(0, BM)
     eye = (idx[:, None] == idx[None, :]).to(DT)
     for _ in tl.static_range(ITERS):
-        z = newton_step(a, z, eye)
+        z = newton_step(a, z, eye, PREC)
     cols = tl.arange(0, BD)
     tile = (idx[:, None] < M) & (cols[None, :] < D)
     offs = base + idx[:, None] * D + cols[None, :]
     bv = tl.load(bv_ptr + offs, mask=tile, other=0.0).to(DT)
-    w = dot(z, bv)
+    w = dot(z, bv, PREC)
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=tile)
 
 
@@ -134,11 +139,12 @@ def backward(
     ITERS: tl.constexpr,
     HAS_E: tl.constexpr,
     DT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     head = tl.program_id(0)
     base = head * M * D
     ql, kl, p, a, real = landmark_matrix(
-        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT
+        ql_ptr, kl_ptr, e_ptr, base, head // heads, scale, M, D, BM, BD, HAS_E, DT, PREC
     )
     z0, c, norm_1, norm_inf = start(a, tiny)
     idx = tl.arange(0, BM)
@@ -149,7 +155,7 @@ def backward(
     z = z0
     for j in tl.static_range(ITERS):
         tl.store(own + j * BM * BM + square, z)
-        z = newton_step(a, z, eye)
+        z = newton_step(a, z, eye, PREC)
     tl.debug_barrier()  # the iterates are read back below by other threads
     cols = tl.arange(0, BD)
     tile = (idx[:, None] < M) & (cols[None, :] < D)
@@ -157,26 +163,26 @@ def backward(
     bv = tl.load(bv_ptr + offs, mask=tile, other=0.0).to(DT)
     gw = tl.load(gw_ptr + offs, mask=tile, other=0.0).to(DT)
     # W = Z bv
-    tl.store(gbv_ptr + offs, dot(tl.trans(z), gw), mask=tile)
-    gz = dot(gw, tl.trans(bv))
+    tl.store(gbv_ptr + offs, dot(tl.trans(z), gw, PREC), mask=tile)
+    gz = dot(gw, tl.trans(bv), PREC)
     ga = tl.zeros((BM, BM), dtype=DT)
     for jj in tl.static_range(ITERS):
         z = tl.load(own + (ITERS - 1 - jj) * BM * BM + square)
-        p1 = dot(a, z)
+        p1 = dot(a, z, PREC)
         t1 = 7.0 * eye - p1
-        t2 = 15.0 * eye - dot(p1, t1)
-        t3 = 13.0 * eye - dot(p1, t2)
+        t2 = 15.0 * eye - dot(p1, t1, PREC)
+        t3 = 13.0 * eye - dot(p1, t2, PREC)
         # Z' = 1/4 Z t3, t3 = 13 I - P t2, t2 = 15 I - P t1, t1 = 7 I - P
-        g_t3 = dot(tl.trans(0.25 * z), gz)
-        g_z = dot(0.25 * gz, tl.trans(t3))
-        g_p = -dot(g_t3, tl.trans(t2))
-        g_t2 = -dot(tl.trans(p1), g_t3)
-        g_p += -dot(g_t2, tl.trans(t1))
-        g_t1 = -dot(tl.trans(p1), g_t2)
+        g_t3 = dot(tl.trans(0.25 * z), gz, PREC)
+        g_z = dot(0.25 * gz, tl.trans(t3), PREC)
+        g_p = -dot(g_t3, tl.trans(t2), PREC)
+        g_t2 = -dot(tl.trans(p1), g_t3, PREC)
+        g_p += -dot(g_t2, tl.trans(t1), PREC)
+        g_t1 = -dot(tl.trans(p1), g_t2, PREC)
         g_p += -g_t1
         # P = A Z
-        ga += dot(g_p, tl.trans(z))
-        gz = g_z + dot(tl.trans(a), g_p)
+        ga += dot(g_p, tl.trans(z), PREC)
+        gz = g_z + dot(tl.trans(a), g_p, PREC)
     # Z_0 = A^T / c, c = max(||A||_1 ||A||_inf, tiny). Where c is the floor, A is zero (no
     # landmark exists) and so is every gradient that reaches q~, k~: 0 there, not gz / tiny.
     inv_c = tl.where(norm_1 * norm_inf > tiny, 1.0 / c, 0.0)
@@ -194,12 +200,21 @@ def backward(
     gp = tl.where(real[:, None], ga, 0.0)
     gs = p * (gp - tl.sum(gp * p, axis=1)[:, None])
     gs = tl.where(real[None, :], gs, 0.0) * scale
-    tl.store(gql_ptr + offs, dot(gs, kl), mask=tile)
-    tl.store(gkl_ptr + offs, dot(tl.trans(gs), ql), mask=tile)
+    tl.store(gql_ptr + offs, dot(gs, kl, PREC), mask=tile)
+    tl.store(gkl_ptr + offs, dot(tl.trans(gs), ql, PREC), mask=tile)
 
 
 @triton.jit
-def pinv(a_ptr, z_ptr, tiny, M, BM: tl.constexpr, ITERS: tl.constexpr, DT: tl.constexpr):
+def pinv(
+    a_ptr,
+    z_ptr,
+    tiny,
+    M,
+    BM: tl.constexpr,
+    ITERS: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Z = the iterative pinv of one (M, M) matrix per program (the per-matrix start)."""
     head = tl.program_id(0)
     idx = tl.arange(0, BM)
@@ -209,5 +224,5 @@ def pinv(a_ptr, z_ptr, tiny, M, BM: tl.constexpr, ITERS: tl.constexpr, DT: tl.co
     z, _, _, _ = start(a, tiny)
     eye = (idx[:, None] == idx[None, :]).to(DT)
     for _ in tl.static_range(ITERS):
-        z = newton_step(a, z, eye)
+        z = newton_step(a, z, eye, PREC)
     tl.store(z_ptr + offs, z.to(z_ptr.dtype.element_ty), mask=square)
