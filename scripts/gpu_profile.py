@@ -49,6 +49,7 @@ ROWS = (
     "sdpa",
     "nystrom-torch",
     "nystrom-triton",
+    "nystrom-fused",
     "nystrom-triton-graph",
     "hybrid-torch",
     "hybrid-triton",
@@ -100,8 +101,9 @@ def main() -> None:
     write_csv(out / "variants.csv", variants(torch, device, args.toy, ends_at))
     rows = timings(torch, device, lens, args.toy, ends_at)
     write_csv(out / "gpu_profile.csv", rows)
-    for path in ("torch", "triton"):
-        for mode in ("forward", "train"):
+    for path, mode in [*[(p, m) for p in ("torch", "triton") for m in ("forward", "train")],
+                       ("fused", "forward")]:  # fmt: skip
+        if True:
             text = profile(torch, device, path, mode, 128 if args.toy else PROFILE_LEN)
             (out / f"profile-{path}-{mode}.txt").write_text(text)
     print(summary(rows))
@@ -137,8 +139,10 @@ def core(torch, path: str):
 
     if path == "sdpa":
         return build_attention({"name": "softmax"})
-    nystrom_gpu.HAS_TRITON = "-triton" in path and _triton_found()
-    nystrom_gpu.HYBRID_ON_CUDA = "-triton" in path  # the check this script makes
+    nystrom_gpu.HAS_TRITON = path.endswith(("-triton", "-fused")) and _triton_found()
+    # The kernels no GPU has checked yet, on for the rows that check them.
+    nystrom_gpu.CHECKED_ON_GPU["hybrid"] = path == "hybrid-triton"
+    nystrom_gpu.CHECKED_ON_GPU["inference"] = path == "nystrom-fused"
     if path.startswith("hybrid"):
         return build_attention({"name": "nystrom_local"})  # budget 128: w 65, m 16, g 32
     return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})
@@ -188,31 +192,29 @@ def equality(torch, device, n: int) -> list[dict]:
                 }
                 rows.append(row)
                 print(f"{row['dtype']:>8} {path:<15} {name:<6} vs float64: {error:.2e}", flush=True)
-    # The hybrid's GPU path serves inference only: its output, without gradients.
-    if "hybrid-triton" not in ROWS:
-        return rows
+    # The kernels that serve inference only (Nyström's fused forward, the hybrid's): output.
+    families = [("nystrom", ["nystrom-fused"]), ("hybrid", ["hybrid-torch", "hybrid-triton"])]
     with torch.no_grad():
-        want = core(torch, "hybrid-torch")(*exact_inputs)
-        for dtype in (torch.float32, torch.bfloat16):
-            for path in ("hybrid-torch", "hybrid-triton"):
-                got = core(torch, path)(*(x.to(dtype) for x in exact_inputs))
-                error = ((got.double() - want).norm() / want.norm()).item()
-                rows.append(
-                    {
-                        "dtype": str(dtype).split(".")[-1],
-                        "n": n,
-                        "path": path,
-                        "tensor": "out",
-                        "relative_error_vs_float64": error,
-                    }
-                )
-                label = rows[-1]["dtype"]
-                print(f"{label:>8} {path:<15} out    vs float64: {error:.2e}", flush=True)
+        for family, paths in families:
+            paths = [path for path in paths if path in ROWS]
+            if not paths:
+                continue
+            want = reference[0].detach()
+            if family == "hybrid":
+                want = core(torch, "hybrid-torch")(*exact_inputs)
+            for dtype in (torch.float32, torch.bfloat16):
+                for path in paths:
+                    got = core(torch, path)(*(x.to(dtype) for x in exact_inputs))
+                    error = ((got.double() - want).norm() / want.norm()).item()
+                    label = str(dtype).split(".")[-1]
+                    row = {"dtype": label, "n": n, "path": path, "tensor": "out"}
+                    rows.append({**row, "relative_error_vs_float64": error})
+                    print(f"{label:>8} {path:<15} out    vs float64: {error:.2e}", flush=True)
     return rows
 
 
 def mismatches(rows: list[dict]) -> list[str]:
-    """The Triton rows more than 4x (and 1e-4) further from float64 than the torch path's
+    """The kernels' rows more than 4x (and 1e-4) further from float64 than the torch path's
     same row: a kernel that computes something else, not rounding."""
     torch_rows = {
         (r["dtype"], r["path"].split("-")[0], r["tensor"]): r["relative_error_vs_float64"]
@@ -221,7 +223,7 @@ def mismatches(rows: list[dict]) -> list[str]:
     }
     bad = []
     for r in rows:
-        if r["path"].endswith("-triton"):
+        if not r["path"].endswith("-torch"):
             ref = torch_rows[(r["dtype"], r["path"].split("-")[0], r["tensor"])]
             error = r["relative_error_vs_float64"]
             if not error <= max(4 * ref, ref + 1e-4):  # NaN fails too
@@ -265,8 +267,8 @@ def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], o
     """The timed call of one cell (None: the row has no such cell)."""
     if row.endswith("graph") and (train or device.type != "cuda"):
         return None
-    if row.startswith("hybrid") and train:  # the hybrid's kernel serves inference only
-        return None
+    if (row.startswith("hybrid") or row == "nystrom-fused") and train:
+        return None  # their kernels serve inference only
     attention = core(torch, row)
     q, k, v = inputs(torch, device, n, dtype, grad=train)
     if train:

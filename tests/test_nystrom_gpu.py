@@ -154,6 +154,58 @@ def test_core_on_the_gpu_path_equals_the_torch_path(monkeypatch, n, m, padded) -
 
 
 @pytest.mark.parametrize(
+    "n, m, d, padded, landmarks_by",
+    [
+        (96, 64, 32, False, "segment_means"),
+        (200, 24, 40, True, "segment_means"),  # Bk V in several splits, a mask, m < the tile
+        (150, 16, 16, True, "kmeans"),  # landmarks that may not exist
+    ],
+)
+def test_inference_kernels_equal_the_torch_path(monkeypatch, n, m, d, padded, landmarks_by):
+    # Inference: Bk V split over the keys and combined, W, then F W, in four kernels and no
+    # SDPA, against the torch path in float64; in float32, against the same float64.
+    q, k, v = qkv(3, 2, n, d, seed=n)
+    mask = None
+    if padded:
+        mask = torch.ones(3, n, dtype=torch.bool, device=DEVICE)
+        mask[1, n - 37 :] = False
+        mask[2, m - 3 :] = False  # at most m real tokens: exact attention, on either path
+    core = NystromAttention(num_landmarks=m, landmarks=landmarks_by)
+    monkeypatch.setattr(nystrom_gpu, "TESTING", True)
+    calls = []
+    served = nystrom_gpu.nystrom_inference
+    monkeypatch.setattr(nystrom_gpu, "nystrom_inference", lambda *a: calls.append(1) or served(*a))
+    monkeypatch.setattr(nystrom_gpu, "_programs_wanted", lambda device: 5)  # several splits
+    with torch.no_grad():
+        got = core(q, k, v, mask)
+        got32 = core(q.float(), k.float(), v.float(), mask)
+        assert len(calls) == 2
+        monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", False)  # the torch ops
+        want = core(q, k, v, mask)
+    assert got.dtype == torch.float64 and got32.dtype == torch.float32
+    assert relative(got, want) < 1e-12
+    assert relative(got32, want) < 1e-5
+    if padded:  # pads never count: junk there changes nothing
+        junk = [x.clone() for x in (q, k, v)]
+        for x in junk:
+            x[1, :, n - 37 :] = 1e3
+        monkeypatch.setattr(nystrom_gpu, "HAS_TRITON", True)
+        with torch.no_grad():
+            again = core(*junk, mask)
+        assert torch.allclose(again[1, :, : n - 37], got[1, :, : n - 37], atol=1e-12)
+
+
+def test_inference_kernels_stay_off_a_gpu_until_checked(monkeypatch) -> None:
+    # A kernel no GPU has yet run against float64 leaves CUDA tensors to the torch path.
+    q = torch.zeros(1, 1, 8, 16, device="meta")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "inference", False)
+    assert not nystrom_gpu._allowed("inference", q)
+    monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "inference", True)
+    assert nystrom_gpu._allowed("inference", q)
+
+
+@pytest.mark.parametrize(
     "options",
     [
         {"pinv": "exact"},
@@ -211,13 +263,14 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         timed = {(r["mode"], r["row"]) for r in csv.DictReader(handle) if r["call_ms"]}
     rows = ("sdpa", "nystrom-torch", "nystrom-triton")
     expected = {(mode, row) for mode in ("forward", "train") for row in rows}
-    assert timed == expected | {("forward", "hybrid-torch"), ("forward", "hybrid-triton")}
+    inference_only = {("forward", r) for r in ("nystrom-fused", "hybrid-torch", "hybrid-triton")}
+    assert timed == expected | inference_only
     with open(tmp_path / "equality.csv", newline="") as handle:
         errors = {
             (r["dtype"], r["path"], r["tensor"]): float(r["relative_error_vs_float64"])
             for r in csv.DictReader(handle)
         }
-    assert len(errors) == 16 + 4  # Nyström: output and 3 gradients; the hybrid: its output
+    assert len(errors) == 16 + 2 + 4  # Nyström: output, 3 gradients; fused, hybrid: output
     for (dtype, path, tensor), error in errors.items():
         if path.startswith("nystrom"):
             assert error < (2e-5 if dtype == "float32" else 3e-2), (dtype, path, error)
@@ -229,7 +282,8 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
     assert {r["kernel"] for r in variants} == {"forward", "backward"} and len(variants) == 6
     for r in variants:  # the interpreter multiplies in float32 whatever the setting
         assert float(r["relative_error_vs_float64"]) < 1e-5 and float(r["gpu_us"]) > 0
-    for path, mode in [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]:
+    profiled = [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]
+    for path, mode in [*profiled, ("fused", "forward")]:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
 
 

@@ -213,6 +213,14 @@ class NystromAttention(Core):
     ) -> Tensor:
         """:meth:`approximate` over all of q's heads in one go (the general path)."""
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
+        if (
+            self.uses_triton(q, v)
+            and not backward_follows(q, k, v)
+            and nystrom_gpu.inference_applies(q, v, self.num_landmarks)
+        ):
+            return nystrom_gpu.nystrom_inference(
+                q, k, v, q_land, k_land, exists, key_padding_mask, self.pinv_iterations
+            )
         w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
         del q_land  # the last attention needs only k~ and W: at inference this frees m x d
         land_keep = None

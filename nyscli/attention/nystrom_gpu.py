@@ -204,6 +204,20 @@ if HAS_CUSTOM_OPS:
 
     _forward_op.register_autograd(_grad, setup_context=_setup_context)
 
+    _inference_op = torch.library.custom_op(
+        "nys::nystrom_inference",
+        mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor q_land, Tensor k_land, Tensor? exists,"
+        " Tensor? key_padding_mask, int iterations) -> Tensor",
+    )(lambda *args: _inference(*args))
+
+    @_inference_op.register_fake
+    def _(q, k, v, q_land, k_land, exists, key_padding_mask, iterations):  # noqa: ANN001, ANN202
+        dtype = q.dtype
+        if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+            dtype = torch.get_autocast_dtype(q.device.type)
+        return q.new_empty(q.shape, dtype=dtype)
+
 
 def landmark_weights(
     q_land: Tensor, k_land: Tensor, bv: Tensor, exists: Tensor | None, iterations: int
@@ -216,6 +230,24 @@ def landmark_weights(
     bv's dtype; differentiable in q~, k~ and bv. Requires ``applies`` (d_v = d).
     """
     return _forward_op(q_land, k_land, bv, exists, iterations)
+
+
+def nystrom_inference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_land: Tensor,
+    k_land: Tensor,
+    exists: Tensor | None,
+    key_padding_mask: Tensor | None,
+    iterations: int,
+) -> Tensor:
+    """Nyström's output (B, H, n, d) at inference, in four kernels and no SDPA: Bk V split over
+    the keys, the splits combined, W = pinv(A) Bk V (``landmark_weights``' program) and
+    softmax(q k~^T / sqrt(d)) W. q, k, v: (B, H, n, d); landmarks q~, k~ (B, H, m, d), which
+    exist ((B, m) or None); key_padding_mask (B, n), True = real (None: all are). The same
+    function as ``NystromAttention.approximate_all``; no autograd (``inference_applies``)."""
+    return _inference_op(q, k, v, q_land, k_land, exists, key_padding_mask, iterations)
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
@@ -232,24 +264,108 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
+def inference_applies(q: Tensor, v: Tensor, m: int) -> bool:
+    """Whether ``nystrom_inference`` serves Nyström with m landmarks for q: (B, H, n, d) here
+    (no gradient follows: the caller checks)."""
+    return _allowed("inference", q) and applies(q, v, m)
+
+
+INFERENCE_BLOCK = 64  # keys per tile of Bk V's splits, and queries per program of F W
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@cache
+def _programs_wanted(device: torch.device) -> int:
+    """Bk V's programs to aim for: two per multiprocessor (a few under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _inference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_land: Tensor,
+    k_land: Tensor,
+    exists: Tensor | None,
+    key_padding_mask: Tensor | None,
+    iterations: int,
+) -> Tensor:
+    from nyscli.attention import nystrom_kernels as kernels
+
+    b, h, n, d = q.shape
+    m = q_land.shape[2]
+    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        # as SDPA would: its products in the autocast dtype
+        q, k, v, q_land, k_land = (
+            x.to(torch.get_autocast_dtype(q.device.type)) for x in (q, k, v, q_land, k_land)
+        )
+    q, k, v, q_land, k_land = (x.contiguous() for x in (q, k, v, q_land, k_land))
+    wide = q.dtype == torch.float64
+    dtype = _compute_dtype(q)
+    block = INFERENCE_BLOCK
+    # Bk V: enough splits to fill the GPU, each a whole number of key tiles.
+    splits = max(1, min(_ceil(_programs_wanted(q.device), b * h), _ceil(n, block)))
+    chunk = _ceil(_ceil(n, splits), block) * block
+    splits = _ceil(n, chunk)
+    acc = torch.empty(b * h * splits, m, d, dtype=dtype, device=q.device)
+    top = torch.empty(b * h * splits, m, dtype=dtype, device=q.device)
+    total = torch.empty_like(top)
+    keep = None if key_padding_mask is None else key_padding_mask.to(torch.int8).contiguous()
+    flags = None if exists is None else exists.to(torch.int8).contiguous()
+    shared = {
+        "heads": h,
+        "scale": 1.0 / math.sqrt(d),
+        "M": m,
+        "D": d,
+        "BM": _block(m),
+        "BD": _block(d),
+        "PREC": PRODUCTS,
+    }
+    half_dot = not interpreting()
+    kernels.landmark_attention_split[(b * h, splits)](
+        q_land, k, v, keep, acc, top, total, n=n, chunk=chunk, BK=block,
+        HAS_KEEP=keep is not None, DT=_tile(m, wide)["DT"], HALF_DOT=half_dot, **shared,
+    )  # fmt: skip
+    bv = torch.empty(b, h, m, d, dtype=dtype, device=q.device)
+    kernels.landmark_attention_combine[(b * h,)](
+        acc, top, total, flags, bv, heads=h, splits=splits, M=m, D=d, BM=shared["BM"],
+        BD=shared["BD"], HAS_E=flags is not None,
+    )  # fmt: skip
+    w = _forward(q_land, k_land, bv, exists, iterations)  # (B, H, m, d) in float32 (float64)
+    out = torch.empty_like(q)
+    kernels.landmark_output[(b * h, _ceil(n, block))](
+        q, k_land, w, flags, out, n=n, BQ=block, HAS_E=flags is not None, HALF_DOT=half_dot,
+        **shared,
+    )  # fmt: skip
+    return out
+
+
 HALF = (torch.bfloat16, torch.float16)
 # The hybrid's heavy keys share a register tile with the landmarks' scores.
 MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 
 
-# The hybrid's kernel faulted on its first GPU (H200, Triton 3.6: an out-of-bounds shared-memory
-# read inside a tf32x3 product, compute-sanitizer; docs/results/gpu-notes.md). Its products
-# now split float32 by hand; until a GPU has run it against float64, CUDA keeps the hybrid's
-# torch path unless this is set (scripts/gpu_profile.py does, to check it).
-HYBRID_ON_CUDA = False
+# Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
+# kernel that passes in the interpreter can still fault compiled: the hybrid's did on its first
+# GPU (H200, Triton 3.6: an out-of-bounds shared-memory read inside a tf32x3 product; its
+# float32 products are now split by hand). scripts/gpu_profile.py turns them on to check them.
+CHECKED_ON_GPU = {"hybrid": False, "inference": False}
+
+
+def _allowed(kernel: str, q: Tensor) -> bool:
+    return CHECKED_ON_GPU[kernel] or TESTING or not q.is_cuda
 
 
 def hybrid_applies(q: Tensor, v: Tensor, m: int, g: int) -> bool:
     """Whether ``hybrid_forward`` serves the Nyström-local hybrid with m landmarks and g heavy
     keys for q: (B, H, n, d), v: (B, H, n, d_v) here (inference only: no backward)."""
-    checked = HYBRID_ON_CUDA or TESTING or not q.is_cuda
-    return checked and applies(q, v, m) and g <= MAX_HEAVY_KEYS
+    return _allowed("hybrid", q) and applies(q, v, m) and g <= MAX_HEAVY_KEYS
 
 
 def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> Tensor:
