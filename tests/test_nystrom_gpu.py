@@ -397,3 +397,25 @@ def test_hybrid_training_keeps_the_torch_path(monkeypatch) -> None:
     out.sum().backward()  # the kernel has no backward: a training call must not reach it
     assert q.grad is not None and torch.isfinite(q.grad).all()
     assert relative(out.detach(), both_paths(monkeypatch, core, q, k, v, None)[1]) < 1e-12
+
+
+def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
+    # The interpreter runs a kernel's Python but never compiles it: the compiler refused a
+    # global the interpreter had read, and float32 FMA products spilled 13 KB per thread.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")  # the --dev setup installs it; CI has it
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compile_check.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert len(rows) == 6, done.stdout
+    for row in rows:  # ... registers, stack, shared, seconds
+        assert int(row[-4]) <= 255 and int(row[-3]) <= 1024, row  # at most 1 KB of stack
