@@ -354,8 +354,11 @@ HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 # Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
 # kernel that passes in the interpreter can still fault compiled: the hybrid's did on its first
 # GPU (H200, Triton 3.6: an out-of-bounds shared-memory read inside a tf32x3 product; its
-# float32 products are now split by hand). scripts/gpu_profile.py turns them on to check them.
-CHECKED_ON_GPU = {"hybrid": False, "inference": False}
+# float32 products are now split by hand). scripts/gpu_profile.py turns them on to check them;
+# NYS_GPU_CHECKED=hybrid,inference turns them on in a process run after such a check passed
+# on the same machine (docs/results/gpu-notes.md: the bench that follows gpu_profile).
+_CHECKED_NOW = set(os.environ.get("NYS_GPU_CHECKED", "").split(","))
+CHECKED_ON_GPU = {kernel: kernel in _CHECKED_NOW for kernel in ("hybrid", "inference")}
 
 
 def _allowed(kernel: str, q: Tensor) -> bool:
