@@ -10,6 +10,7 @@ import pytest
 from nyscli.cli import complete_overrides
 from nyscli.launch.faults import one_line
 from nyscli.launch.folders import claim_dir
+from tests.helpers import LRA_TINY
 
 TINY = ["hidden=32", "num_heads=2", "repeats=2", "min_repeats=1", "warmup=1"]
 
@@ -216,6 +217,7 @@ def test_a_heartbeat_logs_what_a_long_step_is_doing_while_it_lasts(monkeypatch, 
         (["bench", "-n", "64", "attention_set=none", "attention=softmax", *TINY], "bench n=64"),
         (["approx-error", "--source", "gaussian", "-n", "64", "-b", "8", "plots=false"],
          "approx-error head 1/"),
+        (["lra", *LRA_TINY], "train: step "),
     ],
 )  # fmt: skip
 def test_a_long_phase_logs_its_progress_into_the_runs_log(

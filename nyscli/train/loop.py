@@ -207,7 +207,13 @@ class Trainer:
         if cfg.stop_after_minutes is not None:
             deadline = time.monotonic() + 60.0 * cfg.stop_after_minutes
         out_of_time = False
-        with self._interruptible(), self._progress() as progress:
+        # The bar shows only on a terminal; the log hears the step every HEARTBEAT_S seconds.
+        steps = f"train: step {{}}/{cfg.max_steps}"
+        with (
+            self._interruptible(),
+            self._progress() as progress,
+            heartbeat(log, steps.format(self.step)) as beat,
+        ):
             self._live = progress
             bar = progress.add_task("train", total=cfg.max_steps, completed=self.step, status="")
             while self.step < stop and not out_of_time:
@@ -227,6 +233,7 @@ class Trainer:
                 if status:
                     progress.update(bar, status=status)
                 progress.update(bar, completed=self.step)
+                beat.say(steps.format(self.step))
         self._live = None
         return FitResult(
             self.step,
