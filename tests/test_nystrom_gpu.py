@@ -243,6 +243,20 @@ def test_torch_compile_keeps_the_kernels_whole(interpret) -> None:
     assert relative(out, ref.double()) < 1e-6 and relative(grad_q, ref_grad_q.double()) < 1e-5
 
 
+def test_torch_compile_keeps_the_inference_kernels_whole(interpret) -> None:
+    # At inference the four kernels are one custom op: one graph, the same numbers.
+    q, k, v = (x.float() for x in qkv(2, 2, 64, 32, seed=6))
+    core = NystromAttention(num_landmarks=16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(core)(q, k, v, None)
+        assert explained.graph_break_count == 0
+        out = torch.compile(core, backend="aot_eager", fullgraph=True)(q, k, v, None)
+        ref = core(q, k, v, None)
+    assert "nys.nystrom_inference" in str(explained.graphs[0].graph)
+    assert relative(out, ref.double()) < 1e-6
+
+
 def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
     # scripts/gpu_profile.py's whole path on the CPU (kernels in the interpreter): every row
     # timed, both paths near the float64 formula, the profiles written.
