@@ -166,7 +166,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="not the landmark backward")
     opts = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        sys.exit("compile_check: TRITON_INTERPRET=1 runs kernels, it does not compile them")
+        print("compile_check: TRITON_INTERPRET=1 runs kernels, it does not compile them: unset it")
+        sys.exit(2)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -216,7 +216,7 @@ class NystromAttention(Core):
         if (
             self.uses_triton(q, v)
             and not backward_follows(q, k, v)
-            and nystrom_gpu.inference_applies(q, v, self.num_landmarks)
+            and nystrom_gpu.inference_applies(q)
         ):
             return nystrom_gpu.nystrom_inference(
                 q, k, v, q_land, k_land, exists, key_padding_mask, self.pinv_iterations

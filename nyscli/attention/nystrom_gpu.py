@@ -204,20 +204,6 @@ if HAS_CUSTOM_OPS:
 
     _forward_op.register_autograd(_grad, setup_context=_setup_context)
 
-    _inference_op = torch.library.custom_op(
-        "nys::nystrom_inference",
-        mutates_args=(),
-        schema="(Tensor q, Tensor k, Tensor v, Tensor q_land, Tensor k_land, Tensor? exists,"
-        " Tensor? key_padding_mask, int iterations) -> Tensor",
-    )(lambda *args: _inference(*args))
-
-    @_inference_op.register_fake
-    def _(q, k, v, q_land, k_land, exists, key_padding_mask, iterations):  # noqa: ANN001, ANN202
-        dtype = q.dtype
-        if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-            dtype = torch.get_autocast_dtype(q.device.type)
-        return q.new_empty(q.shape, dtype=dtype)
-
 
 def landmark_weights(
     q_land: Tensor, k_land: Tensor, bv: Tensor, exists: Tensor | None, iterations: int
@@ -230,24 +216,6 @@ def landmark_weights(
     bv's dtype; differentiable in q~, k~ and bv. Requires ``applies`` (d_v = d).
     """
     return _forward_op(q_land, k_land, bv, exists, iterations)
-
-
-def nystrom_inference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_land: Tensor,
-    k_land: Tensor,
-    exists: Tensor | None,
-    key_padding_mask: Tensor | None,
-    iterations: int,
-) -> Tensor:
-    """Nyström's output (B, H, n, d) at inference, in four kernels and no SDPA: Bk V split over
-    the keys, the splits combined, W = pinv(A) Bk V (``landmark_weights``' program) and
-    softmax(q k~^T / sqrt(d)) W. q, k, v: (B, H, n, d); landmarks q~, k~ (B, H, m, d), which
-    exist ((B, m) or None); key_padding_mask (B, n), True = real (None: all are). The same
-    function as ``NystromAttention.approximate_all``; no autograd (``inference_applies``)."""
-    return _inference_op(q, k, v, q_land, k_land, exists, key_padding_mask, iterations)
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
@@ -264,10 +232,10 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
-def inference_applies(q: Tensor, v: Tensor, m: int) -> bool:
-    """Whether ``nystrom_inference`` serves Nyström with m landmarks for q: (B, H, n, d) here
-    (no gradient follows: the caller checks)."""
-    return _allowed("inference", q) and applies(q, v, m)
+def inference_applies(q: Tensor) -> bool:
+    """Whether ``nystrom_inference`` serves Nyström for q: (B, H, n, d) where the landmark
+    kernels do (``applies``, which the caller checks, as it does that no gradient follows)."""
+    return _allowed("inference", q)
 
 
 INFERENCE_BLOCK = 64  # keys per tile of Bk V's splits, and queries per program of F W
@@ -295,6 +263,12 @@ def _inference(
     key_padding_mask: Tensor | None,
     iterations: int,
 ) -> Tensor:
+    """Nyström's output (B, H, n, d) at inference, in four kernels and no SDPA: Bk V split over
+    the keys, the splits combined, W = pinv(A) Bk V (``landmark_weights``' program) and
+    softmax(q k~^T / sqrt(d)) W. q, k, v: (B, H, n, d); landmarks q~, k~ (B, H, m, d), which
+    exist ((B, m) or None); key_padding_mask (B, n), True = real (None: all are). The same
+    function as ``NystromAttention.approximate_all``; no autograd (``inference_applies``).
+    Called as ``nystrom_inference``, the custom op, which torch.compile keeps whole."""
     from nyscli.attention import nystrom_kernels as kernels
 
     b, h, n, d = q.shape
@@ -343,6 +317,25 @@ def _inference(
         **shared,
     )  # fmt: skip
     return out
+
+
+# One op for torch.compile (torch < 2.4 has no custom ops, and ``applies`` no GPU path).
+if HAS_CUSTOM_OPS:
+    nystrom_inference = torch.library.custom_op(
+        "nys::nystrom_inference",
+        mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor q_land, Tensor k_land, Tensor? exists,"
+        " Tensor? key_padding_mask, int iterations) -> Tensor",
+    )(_inference)
+
+    @nystrom_inference.register_fake
+    def _(q, k, v, q_land, k_land, exists, key_padding_mask, iterations):  # noqa: ANN001, ANN202
+        dtype = q.dtype
+        if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+            dtype = torch.get_autocast_dtype(q.device.type)
+        return q.new_empty(q.shape, dtype=dtype)
+else:
+    nystrom_inference = _inference
 
 
 HALF = (torch.bfloat16, torch.float16)
