@@ -46,6 +46,18 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         yield
 
 
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise the OSError :func:`atomic_writer` would, naming ``path``, when a file cannot be
+    written there (a read-only or full folder): checked before the work that ends in it."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise type(error)(error.errno, error.strerror, str(path)) from None
+    os.close(fd)
+    os.remove(tmp)
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """A handle on a temp file beside ``path``; on success fsync and ``os.replace`` it onto

@@ -15,7 +15,7 @@ from nyscli.console import console
 from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS, experiment_module
 from nyscli.experiments.approx_error.plots import error_vs_budget
-from nyscli.files import write_csv
+from nyscli.files import check_writable, write_csv
 from nyscli.output.curves import overlaid_curves
 from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
@@ -53,6 +53,7 @@ def show_report(
         # --out cmp/x.csv makes cmp/ (once there is something to write, so a refused report
         # leaves no folder); the figures beside it go there too.
         out.parent.mkdir(parents=True, exist_ok=True)
+        check_writable(out)  # one line now, not after the tables
     by_command: dict[str, list[RunFolder]] = {}
     for run in runs:
         by_command.setdefault(run.command, []).append(run)
