@@ -305,3 +305,20 @@ def test_an_interrupted_optuna_search_resumes_to_its_trial_count(run_nys, tmp_pa
 def test_hydra_plugin_shim_is_packaged():
     assert (REPO / "hydra_plugins" / "nys_optuna_sweeper" / "nys_optuna_sweeper.py").is_file()
     assert not (REPO / "hydra_plugins" / "__init__.py").exists()  # a namespace package
+
+
+def test_a_job_resumed_in_its_own_folder_has_each_step_once_in_tensorboard(tmp_path):
+    """A continued sweep's job resumes in its own folder: its old event file (steps past the
+    checkpoint included) gives way to the new one, which replays the rows kept."""
+    from nyscli.tracking.sinks import Row
+    from nyscli.tracking.tensorboard_sink import TensorBoardSink
+
+    first = TensorBoardSink(tmp_path / "tb")
+    for step in (1, 2, 3):  # interrupted after step 3; its checkpoint holds step 2
+        first.row(Row(step, "train", {"loss": float(step)}))
+    first.close()
+    again = TensorBoardSink(tmp_path / "tb", in_place=True)
+    again.resume([Row(1, "train", {"loss": 1.0}), Row(2, "train", {"loss": 2.0})])
+    again.row(Row(3, "train", {"loss": 2.5}))  # step 3 trained again from the checkpoint
+    again.close()
+    assert tensorboard_series(tmp_path / "tb") == {"train/loss": [(1, 1.0), (2, 2.0), (3, 2.5)]}

@@ -68,6 +68,14 @@ def test_changed_settings_are_refused_in_one_line_without_a_folder(run_nys, tmp_
     assert run_folders(tmp_path / "outputs" / "lra") == [run]  # no new folder
 
 
+def as_before_architecture(run) -> None:
+    """A checkpoint written before checkpoints recorded the settings that shaped them."""
+    last = run / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=False)
+    del state["architecture"]
+    torch.save(state, last)
+
+
 @pytest.mark.parametrize(
     "value",
     ["plain", "it's", "back\\slash", "end\\", "a\\'b", "", "a=b,c", "null", 3, 1e-4, True, None],
@@ -116,6 +124,7 @@ def test_a_run_recorded_before_model_init_resumes_with_the_init_it_ran(
     assert recorded.model.init == "torch"
     del recorded.model["init"]
     OmegaConf.save(recorded, saved)
+    as_before_architecture(run)
     asked = run_nys("lra", *args, f"resume={run}", "model.init=torch")
     assert asked.returncode == 2 and "model.init (normal -> torch)" in " ".join(
         asked.stdout.split()
@@ -143,6 +152,7 @@ def test_a_softmax_run_recorded_before_attention_dropout_resumes_without_it(run_
     del recorded.model["softmax_attention_dropout"]
     del recorded.attention["dropout"]
     OmegaConf.save(recorded, saved)
+    as_before_architecture(run)
     done = run_nys("lra", *args, f"resume={run}")
     assert done.returncode == 0, done.stdout + done.stderr
     line = " ".join(done.stdout.split())
@@ -273,6 +283,25 @@ def test_a_change_that_shapes_the_weights_is_refused_before_any_data(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     lines = refused.stdout.strip().splitlines()
     assert len(lines) == 1 and "model.dim (16 -> 32) would change the model" in lines[0]
+    assert run_folders(tmp_path / "outputs" / "lra") == [run]
+
+
+def test_a_checkpoint_of_other_weights_is_refused_before_any_data(run_nys, tmp_path, stopped_run):
+    """A last.pt copied from a run of another model.dim used to fail after six lines of data
+    preparation; each checkpoint now records the settings that shaped its weights."""
+    args, run = stopped_run
+    last = run / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=False)
+    assert state["architecture"]["model.dim"] == 16 and "attention.name" in state["architecture"]
+    state["architecture"]["model.dim"] = 32  # what a copied checkpoint would record
+    torch.save(state, last)
+    refused = run_nys("lra", *args, f"resume={run}")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stdout.strip().splitlines()
+    assert line == (
+        f"error: checkpoint {last} does not fit this model: its weights were shaped by other "
+        "settings: model.dim (32 there, 16 here); resume from a checkpoint of this run's settings"
+    )
     assert run_folders(tmp_path / "outputs" / "lra") == [run]
 
 

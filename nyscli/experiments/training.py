@@ -137,10 +137,11 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
     for change in plan.changes:
         log.warning("resume_changes=allow: %s", change)
     if plan.checkpoint is not None and distributed.is_main():
-        if str(cfg.resume).lower() == "true":  # resume=<folder> is asked for by name
+        asked = "true" if str(cfg.resume).lower() == "true" else str(cfg.resume)  # a path as typed
+        if asked == "true":  # resume=<folder> is asked for by name
             claim_continuation(run_dir, plan.checkpoint)
         record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
-        log.info("resume=%s: continuing %s", str(cfg.resume).lower(), plan.run)
+        log.info("resume=%s: continuing %s", asked, plan.run)
     seed_everything(int(cfg.seed))
     # The loggers (logger=tensorboard/mlflow) of rank 0; a resume continues the earlier run's.
     previous = plan.checkpoint.parent.parent if plan.checkpoint else None

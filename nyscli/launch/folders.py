@@ -185,7 +185,8 @@ def claim_run_folder(
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
     if key in override_keys(overrides):
         target = Path(str(plan.hydra.sweep.dir if plan.multirun else plan.hydra.run.dir))
-        if plan.multirun and search.resumable(target):  # an interrupted search goes on there
+        # An interrupted search, or an earlier grid sweep checked by the plan, goes on there.
+        if plan.multirun and (search.resumable(target) or plan.continued is not None):
             return None, [], target
         world = distributed.world_from_env()
         if world is not None and world.size >= 2:  # the ranks of one world share the folder

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -40,8 +41,8 @@ from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module, schema
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.faults import fault_line, one_line
-from nyscli.launch.sweepers import search
-from nyscli.launch.sweepers.grid import per_attention
+from nyscli.launch.sweepers import resume, search
+from nyscli.launch.sweepers.grid import grid_arguments, per_attention
 from nyscli.overrides import override_key, override_keys
 from nyscli.paths import CONF_SOURCE
 from nyscli.rules import Bool, show
@@ -130,6 +131,7 @@ class Plan:
     note: str | None = None  # what the launch changed (sweep options dropped, settings kept)
     pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings,
     # a bench sweep over attentions times them alone)
+    continued: resume.Continuation | None = None  # hydra.sweep.dir= names an earlier sweep
 
 
 # Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
@@ -359,7 +361,8 @@ def _plan(
         found = _compose_job(composing, command, job).get("attention")
         return set(found.keys()) if found is not None else set()
 
-    split = per_attention(job_overrides(_task_overrides(overrides), multirun), attention_keys)
+    grid = grid_arguments(node.sweeper, _task_overrides(overrides))  # + hydra.sweeper.params
+    split = per_attention(job_overrides(grid, multirun), attention_keys)
     # Each job is composed as it will run: a bar for big sweeps.
     bar = _sweep_bar(len(split.jobs))
     cached = JobComposer(composing, command)
@@ -367,8 +370,33 @@ def _plan(
         for job in split.jobs:
             _check_job(module, command, cached.compose(job), job)
             advance(1)
-    note = "; ".join(n for n in (pinned, split.note) if n) or None
-    return Plan(multirun, node, jobs=tuple(tuple(j) for j in split.jobs), note=note, pins=pins)
+    continued = _continued(module, cached, node, overrides, split.jobs)
+    said = continued.note() if continued and not continued.done() else None
+    note = "; ".join(n for n in (pinned, split.note, said) if n)
+    return Plan(multirun, node, continued.done() if continued else None,
+                tuple(tuple(j) for j in split.jobs), note or None, pins, continued)  # fmt: skip
+
+
+def _continued(
+    module: ModuleType, cached: JobComposer, node: DictConfig, overrides: list[str],
+    jobs: list[list[str]],
+) -> resume.Continuation | None:  # fmt: skip
+    """``hydra.sweep.dir=`` an earlier grid sweep: what continuing it does, checked (each job
+    resumed at its checkpoint compared with the settings it recorded, as ``resume=`` is)."""
+    sweep_dir = Path(str(node.sweep.dir))
+    if "hydra.sweep.dir" not in override_keys(overrides) or not resume.is_continued(sweep_dir):
+        return None
+    first = cached.compose(jobs[0]) if jobs else OmegaConf.create()
+    given = _task_overrides(overrides)
+    found = resume.continuation(sweep_dir, str(node.job.name), given, jobs, first.get("resume"))
+    check = getattr(module, "preflight", None)
+    for job in found.jobs:
+        if job.state == resume.RESUME and check is not None:
+            cfg = cached.compose([*job.overrides, *resume.resume_override(job, True)])
+            with open_dict(cfg):
+                del cfg["hydra"]
+            check(cfg)
+    return found
 
 
 _UNKNOWN_KEY = re.compile(r"Could not override '([\w.]+)'.*not in struct")

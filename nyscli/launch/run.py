@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from nyscli.console import console, say_error
 from nyscli.errors import UserInputError, describe_os_error, naming
+from nyscli.experiments import experiment_module
 from nyscli.experiments.report.sweep_summary import write_summary
 from nyscli.launch.faults import (
     USER_ERRORS,
@@ -35,12 +36,14 @@ from nyscli.launch.faults import (
 )
 from nyscli.launch.folders import claim_run_folder, discard_failed
 from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
+from nyscli.launch.sweepers import resume
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
 from nyscli.overrides import override_key, override_value
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT, SWEEP_CACHE
 from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resume import sweep_command
 
 
 def _show_sweep(command: str, args: Any, typed: dict[str, str]) -> int:
@@ -145,8 +148,12 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
                 return 0
             args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
             fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
-            # A resumed search's sweep folder holds earlier jobs (one cut short): not this launch's.
-            earlier = set(find_run_folders([sweep_dir])) if sweep_dir is not None else set()
+            # A resumed search's sweep folder holds earlier jobs (one cut short), a continued
+            # sweep's its finished ones: not this launch's.
+            if plan.continued is not None:
+                earlier = set(plan.continued.finished)
+            elif sweep_dir is not None:
+                earlier = set(find_run_folders([sweep_dir]))
         except (*USER_ERRORS, OSError) as error:
             message = missing_launcher(error, args.overrides) or parse_hint(
                 fault_line(error), list(args.overrides)
@@ -154,7 +161,8 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
             say_error(as_typed(message, typed))
             return 2
     try:
-        with _hydra_reraises(), _shared_work_removed(sweep_dir):
+        holding = resume.held(sweep_dir) if plan and plan.continued else contextlib.nullcontext()
+        with holding, _hydra_reraises(), _shared_work_removed(sweep_dir):
             _run_hydra(
                 args=args,
                 args_parser=parser,
@@ -203,8 +211,10 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
             discard_failed(fresh, made_parents)
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
-        line = f"{stopped(stop)}{where}"
-        say_error(line)
+        if sweep_dir is not None:  # a sweep goes on where it stopped
+            training = hasattr(experiment_module(command), "resume_pins")
+            where = f"; the sweep continues with: {sweep_command(sweep_dir, training)}"
+        say_error(f"{stopped(stop)}{where}")
         return stop_code(stop)
     except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):

@@ -18,9 +18,11 @@ from nyscli.experiments import experiment_module
 from nyscli.files import write_csv, write_json, write_text
 from nyscli.launch.faults import USER_ERRORS, Abort, JobFailed, fault_line, one_line
 from nyscli.launch.folders import ENV_FILE
+from nyscli.launch.sweepers import search
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resume import sweep_command
 
 log = logging.getLogger("nys")
 
@@ -57,10 +59,14 @@ class Task:
             module.validate(cfg)
             df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except TrainingInterrupted as stop:
+            if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
+                searching = hydra_cfg.sweeper.get("_target_") == search.SWEEPER  # trials restart
+                again = sweep_command(Path(hydra_cfg.sweep.dir), training=not searching)
+                stop = TrainingInterrupted(stop.stopped, stop.code, again)
             if main:  # the folder then tells `nys report` where it stopped and how to resume
                 with contextlib.suppress(OSError):
                     write_text(stop.message + "\n", run_dir / ERROR_FILE)
-            raise
+            raise stop from None
         except (*USER_ERRORS, OSError) as error:
             message = fault_line(error)
             with contextlib.suppress(OSError):  # the disk may be the very thing that failed

@@ -116,10 +116,15 @@ def overrides_dict(overrides: list[str]) -> dict[str, str]:
     return dict(o.partition("=")[::2] for o in overrides)
 
 
+# How a job was run or continued, never what it is: a continued sweep's jobs carry
+# resume=<folder> or resume=false (and maybe another cluster=), and are the same jobs as before.
+NOT_A_JOB = ("resume", "cluster")
+
+
 def sweep_overrides(runs: list[RunFolder]) -> list[str]:
     """Override keys whose value (or presence) differs between runs: they tell jobs apart."""
     given = [overrides_dict(run.overrides) for run in runs]
-    keys = dict.fromkeys(k for g in given for k in g)
+    keys = dict.fromkeys(k for g in given for k in g if k not in NOT_A_JOB)
     return [k for k in keys if len({g.get(k) for g in given}) > 1]
 
 

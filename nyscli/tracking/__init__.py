@@ -97,7 +97,8 @@ def _open(
     if name == "tensorboard":
         from nyscli.tracking.tensorboard_sink import TensorBoardSink
 
-        return TensorBoardSink(run_dir / str(settings["log_dir"]))
+        in_place = previous is not None and Path(previous).resolve() == Path(run_dir).resolve()
+        return TensorBoardSink(run_dir / str(settings["log_dir"]), in_place)
     from nyscli.tracking.mlflow_sink import MlflowSink, open_run
 
     command = str(cfg.get("command", "nys"))

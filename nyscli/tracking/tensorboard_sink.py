@@ -2,8 +2,9 @@
 
 Scalars are tagged ``<split>/<metric>`` (``train/loss``, ``dev/accuracy``, ``train/lr``,
 ``train/tokens_per_s``, ``train/peak_mb``...) at the optimizer step. A resumed run starts a new
-run folder, so its event file first replays the rows it carried over from the earlier run
-(the same rows ``metrics.csv`` keeps): one continuous step axis, no step twice. At the end the
+run folder (a continued sweep's job resumes in its own), so its event file first replays the
+rows it carried over from the earlier run (the same rows ``metrics.csv`` keeps): one
+continuous step axis, no step twice. At the end the
 resolved config goes in as hparams with the final metrics (TensorBoard's HParams tab).
 """
 
@@ -27,8 +28,13 @@ def _writer(log_dir: Path) -> Any:
 class TensorBoardSink(Sink):
     name = "tensorboard"
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, in_place: bool = False) -> None:
+        """``in_place``: a continued sweep's job resumes in its own folder; its new event file
+        replays the rows kept (as ``metrics.csv`` does), so the old ones go first."""
         self.log_dir = Path(log_dir)
+        if in_place:
+            for old in self.log_dir.glob("events.out.tfevents.*"):
+                old.unlink()
         self.writer = _writer(self.log_dir)
 
     def resume(self, rows: list[Row]) -> None:

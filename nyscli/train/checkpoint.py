@@ -81,6 +81,18 @@ def check_complete(path: Path) -> None:
         raise _unreadable(path, error) from None
 
 
+def saved_architecture(path: Path) -> dict[str, Any] | None:
+    """The settings that shaped the weights, as the run that saved ``path`` recorded them
+    (None in a checkpoint from before they were recorded). Tensors are mapped, not read: a
+    glance of milliseconds, so a resume compares them before loading any data."""
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as error:  # torch raises many types for truncated or foreign files
+        raise _unreadable(path, error) from None
+    found = state.get("architecture") if isinstance(state, dict) else None
+    return dict(found) if isinstance(found, dict) else None
+
+
 def _unreadable(path: Path, error: Exception) -> CheckpointError:
     """The one line for a checkpoint that cannot be read: the first line of the reason."""
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]

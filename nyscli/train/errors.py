@@ -19,7 +19,10 @@ class TrainingInterrupted(BaseException):
     job runner among them) let it through to the CLI.
     """
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, stopped: str, code: int, resume: str | None = None) -> None:
+        message = stopped + (f"; resume with: {resume}" if resume else "")
         super().__init__(message)
+        self.stopped = stopped  # where training stood (and its last checkpoint)
+        self.resume = resume  # the command that continues it; None without a checkpoint
         self.message = message
         self.code = code

@@ -136,7 +136,11 @@ class Trainer:
         device: torch.device | str = "cpu",
         metric_names: tuple[str, ...] = ("accuracy",),
         console: Console | None = None,
+        architecture: dict[str, Any] | None = None,
     ) -> None:
+        """``architecture``: the settings that shaped ``model``'s weights, recorded in each
+        checkpoint (:func:`nyscli.train.resume.architecture`)."""
+        self.architecture = architecture
         self.device = torch.device(device)
         if config.precision == "fp16" and self.device.type != "cuda":
             raise UserInputError(
@@ -260,11 +264,11 @@ class Trainer:
         signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
         reported(interrupt)  # the TrainingInterrupted below is its line
         if self.last_good is None:
-            kept = "no checkpoint was written yet"
+            kept, resume = "no checkpoint was written yet", None
         else:
             kept = f"last checkpoint {self.last_good[0]} (step {self.last_good[1]})"
-            kept += f"; resume with: {resume_command(self.run_dir)}"
-        return TrainingInterrupted(f"interrupted at step {self.step}; {kept}", 128 + signum)
+            resume = resume_command(self.run_dir)
+        return TrainingInterrupted(f"interrupted at step {self.step}; {kept}", 128 + signum, resume)
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Any], name: str = "evaluate") -> dict[str, float]:
@@ -460,6 +464,7 @@ class Trainer:
                     "train_tokens": self.train_tokens,
                     "steady_seconds": self.steady_seconds,
                     "steady_tokens": self.steady_tokens,
+                    "architecture": self.architecture,
                 },
                 self.checkpoints / LAST,
             )
@@ -521,9 +526,10 @@ class Trainer:
             log.warning("%s is not the best checkpoint the resumed state names; ignored", source)
             self.best_value = self.best_step = None
             return
-        if self.main:
+        target = self.checkpoints / BEST
+        if self.main and source.resolve() != target.resolve():  # a sweep's job resumes in place
             self.checkpoints.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, self.checkpoints / BEST)
+            shutil.copyfile(source, target)
 
     def _progress(self, transient: bool = False) -> Progress:
         return Progress(

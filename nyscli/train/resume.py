@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -29,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from nyscli.errors import UserInputError
 from nyscli.files import write_text
 from nyscli.output.runs import RESULTS_FILE
-from nyscli.overrides import override_key
-from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST, check_complete
+from nyscli.overrides import as_override_value, override_key
+from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST, check_complete, saved_architecture
 from nyscli.train.errors import CheckpointError
 
 RESUME_CHANGES = ("refuse", "allow")
@@ -135,6 +134,31 @@ def setup_changes(old: DictConfig, new: DictConfig) -> list[Change]:
     ]
 
 
+def architecture(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that shape the weights (:data:`ARCHITECTURE`): each checkpoint records
+    them, so a resume finds a checkpoint that does not fit before it loads any data."""
+    return {k: v for k, v in settings(cfg).items() if shapes_weights(k)}
+
+
+def check_checkpoint(checkpoint: Path, cfg: DictConfig) -> None:
+    """One line (CheckpointError) when ``checkpoint`` is truncated, or its weights were shaped
+    by other settings than ``cfg``'s (a last.pt copied from another run, say)."""
+    check_complete(checkpoint)
+    saved = saved_architecture(checkpoint)
+    if saved is None:  # recorded since 2026-11-28; an older checkpoint is checked as it loads
+        return
+    now = architecture(cfg)
+    # Keys in both: a key renamed since the checkpoint was written is no difference.
+    differ = [f"{k} ({saved[k]} there, {now[k]} here)" for k in sorted(set(saved) & set(now))
+              if saved[k] != now[k]]  # fmt: skip
+    if differ:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} does not fit this model: its weights were shaped by "
+            f"other settings: {', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; "
+            "resume from a checkpoint of this run's settings"
+        )
+
+
 def is_finished(run: Path) -> bool:
     """True when the run wrote ``results.csv`` and every row's ``status`` is ``ok``."""
     path = Path(run) / RESULTS_FILE
@@ -237,7 +261,8 @@ def plan_resume(
         )
     finished = is_finished(run)
     if not finished:
-        check_complete(checkpoint)  # a truncated file: one line now, not after the data
+        check_checkpoint(checkpoint, cfg)  # a truncated or foreign file: one line now, not
+        # after the data
     return ResumePlan(checkpoint, tuple(changes), finished)
 
 
@@ -257,21 +282,6 @@ def recorded_overrides(run: Path) -> list[str]:
     """The command-line overrides a run folder recorded (``.hydra/overrides.yaml``)."""
     path = run / ".hydra" / "overrides.yaml"
     return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
-
-
-def _override_value(value: Any) -> str:
-    """``value`` as Hydra's override grammar reads it back."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return repr(value)
-    # Hydra's quoted strings escape only quotes and the backslashes just before a quote (or
-    # before the closing one); any other backslash is literal.
-    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", str(value))
-    text = re.sub(r"(\\+)$", lambda m: m[1] * 2, text)
-    return f"'{text}'"
 
 
 def default_pins(
@@ -302,7 +312,7 @@ def default_pins(
 
 def pin_overrides(pins: list[Change]) -> list[str]:
     """``key=<recorded value>`` overrides for :func:`default_pins`."""
-    return [f"{c.key}={_override_value(c.old)}" for c in pins]
+    return [f"{c.key}={as_override_value(c.old)}" for c in pins]
 
 
 def _newest_identical(
@@ -336,7 +346,7 @@ def _newest_identical(
         holder = _continuing(last.parent.parent)
         if holder is not None and holder.resolve() != here:  # refused before any folder
             raise _claimed(last.parent.parent, holder)
-        check_complete(last)
+        check_checkpoint(last, cfg)
     return ResumePlan(last, (), not unfinished)
 
 
@@ -389,21 +399,40 @@ def claim_continuation(run_dir: Path, checkpoint: Path) -> None:
 
 
 def record_resume(run_dir: Path, checkpoint: Path) -> None:
-    """Name, in ``run_dir``, the run that ``checkpoint`` (its last.pt) belongs to."""
-    write_text(f"{checkpoint.parent.parent.resolve()}\n", run_dir / RESUMED_FROM_FILE)
+    """Name, in ``run_dir``, the run that ``checkpoint`` (its last.pt) belongs to; nothing when
+    it is ``run_dir``'s own (a continued sweep's job resumes in its own folder)."""
+    run = checkpoint.parent.parent.resolve()
+    if run != Path(run_dir).resolve():
+        write_text(f"{run}\n", run_dir / RESUMED_FROM_FILE)
 
 
-def resume_command(run_dir: Path) -> str:
-    """The command line that continues ``run_dir``: this process's arguments with any
-    ``resume``/``hydra.run.dir`` replaced by ``resume=<run_dir>``."""
+def _argv_without(keys: tuple[str, ...]) -> list[str]:
+    """This process's arguments without the overrides and options named by ``keys`` (an
+    option's value in the next argument goes with it)."""
     args, skip = [], False
     for arg in sys.argv[1:]:
         if skip:
             skip = False
             continue
         key = override_key(arg)
-        if key == "--resume" and "=" not in arg:
+        if key.startswith("--") and key in keys and "=" not in arg:
             skip = True  # its value is the next argument
-        elif key not in ("resume", "--resume", "hydra.run.dir"):
+        elif key not in keys:
             args.append(arg)
+    return args
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command line that continues ``run_dir``: this process's arguments with any
+    ``resume``/``hydra.run.dir`` replaced by ``resume=<run_dir>``."""
+    args = _argv_without(("resume", "--resume", "hydra.run.dir"))
     return shlex.join(["nys", *args, f"resume={run_dir}"])
+
+
+def sweep_command(sweep_dir: Path, training: bool) -> str:
+    """The command line that continues the sweep in ``sweep_dir``: this process's arguments
+    with ``hydra.sweep.dir=<sweep_dir>``, and ``--resume true`` for a ``training`` command
+    (each interrupted job then resumes from its own checkpoint)."""
+    args = _argv_without(("resume", "--resume", "hydra.sweep.dir"))
+    resume = ["--resume", "true"] if training else []
+    return shlex.join(["nys", *args, f"hydra.sweep.dir={sweep_dir}", *resume])

@@ -87,6 +87,7 @@ from nyscli.train import (
     eval_batches,
 )
 from nyscli.train.checkpoint import load_best
+from nyscli.train.resume import architecture
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     settings = trainer_settings(cfg, run_dir, len(encoded["train"]), per_update)
     metrics = metric_names(task)
     objective = ClassificationObjective(f1="f1" in metrics)
-    trainer = Trainer(model, objective, settings, run_dir, device, metrics, console)
+    trainer = Trainer(
+        model, objective, settings, run_dir, device, metrics, console, architecture(cfg)
+    )
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(by_length(encoded[devs[0]], settings.eval_examples), eval_size, collate)

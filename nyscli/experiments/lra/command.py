@@ -56,6 +56,7 @@ from nyscli.train import (
     distributed,
     eval_batches,
 )
+from nyscli.train.resume import architecture
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +173,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         dual=cfg.task.name in DUAL_TASKS,
     )
     trainer = Trainer(
-        model, classification_objective, settings, run_dir, device, ("accuracy",), console
-    )
+        model, classification_objective, settings, run_dir, device, ("accuracy",), console,
+        architecture(cfg),
+    )  # fmt: skip
     lengths = getattr(getattr(data.train, "seqs", None), "lengths", None)
     train = ShuffledBatches(
         data.train, settings.batch_size, data.collate, int(cfg.seed), lengths, settings.bucket

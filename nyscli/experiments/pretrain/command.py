@@ -79,6 +79,7 @@ from nyscli.train import (
 )
 from nyscli.train.checkpoint import load_best
 from nyscli.train.loop import Objective
+from nyscli.train.resume import architecture
 from nyscli.train.splits import DEV, read_metrics
 
 log = logging.getLogger(__name__)
@@ -224,8 +225,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         else _mlm_sop(cfg, imported, settings, data, dev)
     )
     trainer = Trainer(
-        setup.model, setup.objective, setup.settings, run_dir, device, setup.metrics, console
-    )
+        setup.model, setup.objective, setup.settings, run_dir, device, setup.metrics, console,
+        architecture(cfg),
+    )  # fmt: skip
     if setup.baseline is None:  # distillation: the converted model before any training
         setup.baseline = trainer.evaluate(dev)["distill_loss"]
         log.info("dev distill loss before training: %.5f", setup.baseline)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from nyscli.launch.sweepers import search
 from nyscli.overrides import override_key, override_value
 
 PREFIX = "attention."
@@ -92,3 +94,14 @@ def batches(jobs: list[list[str]], size: int | None) -> list[list[list[str]]]:
     if size is None or size == -1 or not jobs:
         return [jobs]
     return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+
+
+def grid_arguments(sweeper: Any, overrides: list[str]) -> list[str]:
+    """A grid sweep's arguments as Hydra's basic sweeper builds them: its config's
+    ``hydra.sweeper.params`` (``experiment=table3_cpu``'s attentions and tasks) first, then
+    the command line's ``overrides`` (a key in both takes the command line's values). A
+    search's params are its space, not a grid: they are left to it."""
+    params = sweeper.get("params") if sweeper is not None else None
+    if not params or sweeper.get("_target_") == search.SWEEPER:
+        return list(overrides)
+    return [*(f"{k}={v}" for k, v in params.items()), *overrides]

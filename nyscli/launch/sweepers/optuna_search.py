@@ -7,8 +7,6 @@ hydra-optuna-sweeper's (docs/commands/tracking.md)."""
 from __future__ import annotations
 
 import logging
-import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,8 @@ from nyscli.launch.sweepers.search import (
     next_job_number,
     write_trials,
 )
+from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resume import sweep_command
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,10 @@ class OptunaSearch(Sweeper):
         try:
             returns = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
         except BaseException as stop:  # Ctrl-C in a trial: resume the search, not the job
-            if isinstance(getattr(stop, "message", None), str):  # TrainingInterrupted
-                where = stop.message.split(";")[0]
-                stop.message = f"{where} in trial {number}; resume the search with: {self._again()}"
+            if isinstance(stop, TrainingInterrupted):  # its job's line names the search's folder
+                where = stop.stopped.split(";")[0]
+                again = sweep_command(Path(self.config.hydra.sweep.dir), training=False)
+                stop.message = f"{where} in trial {number}; resume the search with: {again}"
             raise
         self.job_idx += len(returns)
         try:
@@ -187,12 +188,6 @@ class OptunaSearch(Sweeper):
             study.tell(number, state=TrialState.FAIL)
             return
         study.tell(number, value)
-
-    def _again(self) -> str:
-        """This command line with ``hydra.sweep.dir`` set to this search's folder."""
-        given = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
-        folder = f"hydra.sweep.dir={self.config.hydra.sweep.dir}"
-        return " ".join(["nys", *map(shlex.quote, given), shlex.quote(folder)])
 
     def _report(self, study: Any, sweep_dir: Path) -> None:
         complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
