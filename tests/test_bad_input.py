@@ -162,6 +162,17 @@ def test_report_out_a_directory_is_an_error(nys_here, tmp_path):
     assert f"--out={tmp_path}" in output
 
 
+
+def test_report_out_where_nothing_can_be_written_is_one_line_before_any_table(nys_here, tmp_path):
+    """sysfs takes no new file, not even from root: the line names the file asked for, and
+    the tables (which used to print first) do not print."""
+    fake_run(tmp_path / "runs" / "a")
+    done = nys_here("report", "runs", "--out", "/sys/x.csv")
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and len(output.splitlines()) == 1, output
+    assert output.startswith("error: /sys/x.csv: ")
+
+
 # ------------------------------------------------------------------- overwrite refusal
 
 

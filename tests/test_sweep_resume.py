@@ -10,8 +10,11 @@ import csv
 import fcntl
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from nyscli.experiments.report.command import show_report
 from nyscli.launch.run import launch
 from nyscli.launch.sweepers import resume
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
@@ -116,6 +119,18 @@ def test_a_stopped_sweep_continues_where_it_stopped(
     assert rows(stopped / "summary.csv", ())[3]["resumed_from"] == str(
         stopped / "3" / CHECKPOINT_DIR / LAST
     )
+    # nys report: the 2 attentions x 3 seeds as 2 rows of mean ± std (n = 3), resumed job or not
+    show_report([stopped], tmp_path / "report.csv")
+    seeds = pd.read_csv(tmp_path / "report_seeds.csv")
+    accuracy = seeds[seeds.result == "test_accuracy"].set_index("group")
+    assert list(accuracy.index) == ["attention=softmax", "attention=nystrom"]
+    for first, group in ((0, "attention=softmax"), (3, "attention=nystrom")):
+        jobs = range(first, first + 3)
+        runs = [pd.read_csv(stopped / str(j) / RESULTS_FILE).test_accuracy[0] for j in jobs]
+        assert accuracy.loc[group].n == 3 and accuracy.loc[group].seeds == "0 1 2"
+        assert np.isclose(accuracy.loc[group]["mean"], np.mean(runs))
+        assert np.isclose(accuracy.loc[group]["std"], np.std(runs, ddof=1))
+    capsys.readouterr()
     # Run again: nothing left to do, nothing touched.
     before = files_of(stopped)
     assert sweep(tmp_path, "sweep", "resume=true")[0] == 0

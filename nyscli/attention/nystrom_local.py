@@ -18,7 +18,7 @@ from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
 from nyscli.attention.landmarks import select_landmarks
 from nyscli.attention.longformer import Band
-from nyscli.attention.masking import check_qkv
+from nyscli.attention.masking import EXP_FLOOR, check_qkv
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
@@ -76,12 +76,6 @@ def chunk_sizes(device: torch.device) -> tuple[int, int]:
     if device.type == "cpu":
         return CPU_CHUNK_ENTRIES, CPU_SMALL_BAND
     return ACCELERATOR_CHUNK_ENTRIES, ACCELERATOR_CHUNK_ENTRIES
-
-
-# Scores more than 80 below a query's largest are floored there before exp: CPU exp is 20-50x
-# slower where float32 results turn denormal or underflow (and on -inf), and e^-80 ~ 1e-35
-# of the largest weight changes nothing in any precision.
-EXP_FLOOR = -80.0
 
 
 class _BandWeights(torch.autograd.Function):

@@ -16,10 +16,10 @@ float32/float64 work, in DT exactly. Everything else is DT.
 import triton
 import triton.language as tl
 
-from nyscli.attention import nystrom_local
+from nyscli.attention import masking
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).
-EXP_FLOOR = tl.constexpr(nystrom_local.EXP_FLOOR)
+EXP_FLOOR = tl.constexpr(masking.EXP_FLOOR)
 
 
 @triton.jit
