@@ -93,32 +93,37 @@ def _finished_run(folder: Path) -> None:
     (run / "results.csv").write_text("status\nok\n")
 
 
+def _nys(folder: Path, *args: str) -> None:
+    """A case's setup step: run nys in the case's folder; it must succeed."""
+    command = [sys.executable, "-m", "nyscli.cli", *args]
+    subprocess.run(command, cwd=folder, capture_output=True, check=True)
+
+
 def _real_run(folder: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "nyscli.cli", "approx-error", *TINY_AE, "hydra.run.dir=real"],
-        cwd=folder,
-        capture_output=True,
-        check=True,
-    )
+    _nys(folder, "approx-error", *TINY_AE, "hydra.run.dir=real")
 
 
-def _stopped_lra(folder: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nyscli.cli",
-            "lra",
-            *TINY_LRA,
-            "--steps",
-            "4",
-            "trainer.stop_at_step=2",
-            "hydra.run.dir=stopped",
-        ],
-        cwd=folder,
-        capture_output=True,
-        check=True,
-    )
+def _stopped_lra(folder: Path, name: str = "stopped", *extra: str) -> None:
+    stop = ["--steps", "4", "trainer.stop_at_step=2"]
+    _nys(folder, "lra", *TINY_LRA, *stop, f"hydra.run.dir={name}", *extra)
+
+
+def _foreign_checkpoint(folder: Path) -> None:
+    """A stopped run whose last.pt was copied from a run of another model.dim."""
+    _stopped_lra(folder)
+    _stopped_lra(folder, "other", "model.dim=32")
+    last = Path("checkpoints") / "last.pt"
+    (folder / "stopped" / last).write_bytes((folder / "other" / last).read_bytes())
+
+
+def _ae_sweep(folder: Path) -> None:
+    _nys(folder, "approx-error", *TINY_AE, "-m", "seed=0,1", "hydra.sweep.dir=sw")
+
+
+def _stopped_sweep(folder: Path) -> None:
+    """An LRA sweep whose two jobs stopped at step 2 (checkpoints kept)."""
+    _nys(folder, "lra", *TINY_LRA, "--steps", "4", "trainer.stop_at_step=2", "-m", "seed=0,1",
+         "hydra.sweep.dir=sw")  # fmt: skip
 
 
 def _corrupt_listops(folder: Path) -> None:
@@ -276,6 +281,66 @@ def cases() -> list[Case]:
             ["report", "real", "--out", "/proc/x.csv"],
             setup=_real_run,
             says="/proc/x.csv",
+            lines=1,
+        ),
+        Case(
+            "report --out on a read-only file system (/sys)",
+            ["report", "real", "--out", "/sys/x.csv"],
+            setup=_real_run,
+            says="/sys/x.csv: Permission denied",
+            lines=1,
+        ),
+        Case(
+            "lra resume= a last.pt copied from a run of another model.dim",
+            ["lra", *TINY_LRA, "--steps", "4", "resume=stopped"],
+            setup=_foreign_checkpoint,
+            says="model.dim (32 there, 16 here)",
+            lines=1,
+        ),
+        Case(
+            "a sweep continued with other values",
+            ["approx-error", *TINY_AE, "-m", "seed=0,2", "hydra.sweep.dir=sw"],
+            setup=_ae_sweep,
+            says="holds a sweep of other values (seed: 0,1 there, 0,2 here)",
+            lines=1,
+        ),
+        Case(
+            "a sweep continued by another command",
+            ["bench", "-m", "seed=0,1", "hydra.sweep.dir=sw"],
+            setup=_ae_sweep,
+            says="holds a sweep of nys approx-error, not of nys bench",
+            lines=1,
+        ),
+        Case(
+            "a sweep continued, a job's .hydra/hydra.yaml garbage",
+            ["approx-error", *TINY_AE, "-m", "seed=0,1", "hydra.sweep.dir=sw"],
+            setup=lambda f: (_ae_sweep(f), (f / "sw/1/.hydra/hydra.yaml").write_bytes(b"{{\xff")),
+            says="sw/1/.hydra/hydra.yaml cannot be read",
+            lines=1,
+        ),
+        Case(
+            "a sweep stopped at checkpoints, continued without --resume true",
+            ["lra", *TINY_LRA, "--steps", "4", "-m", "seed=0,1", "hydra.sweep.dir=sw"],
+            setup=_stopped_sweep,
+            says="add --resume true to continue it from there",
+            lines=1,
+        ),
+        Case(
+            "the same, with --resume true: both jobs go on from step 2",
+            [
+                "lra",
+                *TINY_LRA,
+                "--steps",
+                "4",
+                "-m",
+                "seed=0,1",
+                "hydra.sweep.dir=sw",
+                "--resume=true",
+            ],
+            0,
+            setup=_stopped_sweep,
+            keeps=True,
+            says="resumed from its checkpoint: job 0, 1",
         ),
         Case(
             "report over a run with a garbage results.csv",
