@@ -361,7 +361,7 @@ def _plan(
         found = _compose_job(composing, command, job).get("attention")
         return set(found.keys()) if found is not None else set()
 
-    grid = grid_arguments(node.sweeper, _task_overrides(overrides))  # + hydra.sweeper.params
+    grid = grid_arguments(node, _task_overrides(overrides))  # + hydra.sweeper.params
     split = per_attention(job_overrides(grid, multirun), attention_keys)
     # Each job is composed as it will run: a bar for big sweeps.
     bar = _sweep_bar(len(split.jobs))

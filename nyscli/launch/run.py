@@ -36,7 +36,7 @@ from nyscli.launch.faults import (
 )
 from nyscli.launch.folders import claim_run_folder, discard_failed
 from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
-from nyscli.launch.sweepers import resume
+from nyscli.launch.sweepers import resume, search
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
 from nyscli.overrides import override_key, override_value
@@ -161,7 +161,10 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
             say_error(as_typed(message, typed))
             return 2
     try:
-        holding = resume.held(sweep_dir) if plan and plan.continued else contextlib.nullcontext()
+        # A grid sweep is held while it runs, so no other launch continues it meanwhile (a
+        # search's study takes several workers by design).
+        grid = sweep_dir is not None and plan is not None and not search.is_search(plan.hydra)
+        holding = resume.held(sweep_dir) if grid else contextlib.nullcontext()
         with holding, _hydra_reraises(), _shared_work_removed(sweep_dir):
             _run_hydra(
                 args=args,

@@ -60,7 +60,7 @@ class Task:
             df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except TrainingInterrupted as stop:
             if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
-                searching = hydra_cfg.sweeper.get("_target_") == search.SWEEPER  # trials restart
+                searching = search.is_search(hydra_cfg)  # a search reruns a cut trial
                 again = sweep_command(Path(hydra_cfg.sweep.dir), training=not searching)
                 stop = TrainingInterrupted(stop.stopped, stop.code, again)
             if main:  # the folder then tells `nys report` where it stopped and how to resume

@@ -96,12 +96,13 @@ def batches(jobs: list[list[str]], size: int | None) -> list[list[list[str]]]:
     return [jobs[i : i + size] for i in range(0, len(jobs), size)]
 
 
-def grid_arguments(sweeper: Any, overrides: list[str]) -> list[str]:
-    """A grid sweep's arguments as Hydra's basic sweeper builds them: its config's
-    ``hydra.sweeper.params`` (``experiment=table3_cpu``'s attentions and tasks) first, then
-    the command line's ``overrides`` (a key in both takes the command line's values). A
-    search's params are its space, not a grid: they are left to it."""
+def grid_arguments(hydra: Any, overrides: list[str]) -> list[str]:
+    """A grid sweep's arguments as Hydra's basic sweeper builds them from the composed
+    ``hydra`` node: its ``hydra.sweeper.params`` (``experiment=table3_cpu``'s attentions and
+    tasks) first, then the command line's ``overrides`` (a key in both takes the command
+    line's values). A search's params are its space, not a grid: they are left to it."""
+    sweeper = hydra.get("sweeper")
     params = sweeper.get("params") if sweeper is not None else None
-    if not params or sweeper.get("_target_") == search.SWEEPER:
+    if not params or search.is_search(hydra):
         return list(overrides)
     return [*(f"{k}={v}" for k, v in params.items()), *overrides]

@@ -27,7 +27,7 @@ from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
 from nyscli.train.resume import RUN_CONTROL, is_finished
 
 MULTIRUN_FILE = "multirun.yaml"  # Hydra writes it into every sweep folder it starts
-LOCK_FILE = ".nys-continuing"  # locked by the launch that continues the sweep
+LOCK_FILE = ".nys-sweep-lock"  # locked by the launch that runs the sweep (first or continued)
 # What a continued sweep may change: how its jobs run, never what they compute.
 HOW_TO_RUN = (*RUN_CONTROL, "cluster", "hydra")
 NEW, DONE, RESUME, RERUN = "new", "done", "resume", "rerun"
@@ -247,15 +247,16 @@ def launch_groups(
 
 @contextlib.contextmanager
 def held(sweep_dir: Path) -> Iterator[None]:
-    """Hold the sweep for this launch: of two launches that continue it at once, the second
-    stops in one line (they would run the same jobs twice). An OS lock: a killed launch
-    releases it."""
+    """Hold the sweep for this launch: a launch that continues it while another runs it
+    stops in one line (the two would run the same jobs twice). An OS lock: a launch that is
+    killed releases it."""
     path = sweep_dir / LOCK_FILE
     with open(path, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserInputError(
-                f"the sweep in {sweep_dir} is being continued by another launch; wait for it to end"
+                f"the sweep in {sweep_dir} is running in another launch (it holds {path}); "
+                "wait for it to end, then continue it"
             ) from None
         yield

@@ -41,12 +41,18 @@ def resumable(folder: Path) -> bool:
     return (Path(folder) / STUDY_FILE).is_file()
 
 
+def is_search(hydra: DictConfig) -> bool:
+    """True when the composed ``hydra`` node runs an Optuna search (``hparams_search=``)."""
+    sweeper = hydra.get("sweeper")
+    return sweeper is not None and sweeper.get("_target_") == SWEEPER
+
+
 def check_sweeper(hydra: DictConfig) -> None:
     """A search's settings (``hydra.sweeper.*``) and optuna installed, before any folder
     exists: one-line errors. Other sweepers pass untouched."""
-    sweeper = hydra.get("sweeper")
-    if sweeper is None or sweeper.get("_target_") != SWEEPER:
+    if not is_search(hydra):
         return
+    sweeper = hydra.sweeper
     for key, rule in RULES.items():
         value = OmegaConf.select(sweeper, key, default=None)
         rule.check(f"hydra.sweeper.{key}", value)
