@@ -198,3 +198,46 @@ def test_job_states_read_from_the_folders(tmp_path):
         resume.job_states(tmp_path, [*jobs[:2], ["seed=7"], jobs[3]])
     with pytest.raises(resume.UserInputError, match="this command's job 2 is 'no such job'"):
         resume.job_states(tmp_path, jobs[:2])
+
+
+def test_a_table3_recipe_sweep_continues_too(tmp_path, monkeypatch, capsys):
+    """experiment=table3_cpu's grid lives in hydra.sweeper.params: its jobs are planned as the
+    sweeper runs them, so a continuation matches them. Here 2 of its cells, stopped at step 2
+    of 4 by trainer.stop_at_step (a key a continuation may drop), then continued."""
+    monkeypatch.chdir(tmp_path)
+    toy = [o for o in TINY if not o.startswith("attention")]
+    args = ["experiment=table3_cpu", "task=listops", "attention=softmax,nystrom", *toy,
+            "trainer.max_steps=4", "trainer.batch_size=8", "trainer.progress=false",
+            f"data_cache={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 't3'}"]  # fmt: skip
+    assert launch("lra", [*args, "trainer.stop_at_step=2"]) == 0
+    assert launch("lra", [*args, "resume=true"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 of 2 jobs finished (kept); resumed from its checkpoint: job 0, 1" in out
+    for job, attention in enumerate(("softmax", "nystrom")):
+        [row] = rows(tmp_path / "t3" / str(job) / RESULTS_FILE, ())
+        assert row["attention"].startswith(attention) and row["status"] == "ok"
+        assert row["steps"] == "4" and row["resumed_from"].endswith(f"t3/{job}/checkpoints/last.pt")
+
+
+def test_a_preset_grid_changed_under_hydra_sweeper_params_names_the_key_itself(nys_here, tmp_path):
+    done = nys_here(
+        "lra", "experiment=table3_cpu", "hydra.sweeper.params.attention=softmax,nystrom"
+    )
+    assert done.returncode == 2 and done.stdout.strip().splitlines() == [
+        "error: hydra.sweeper.params.attention=softmax,nystrom is not allowed: Hydra reads a "
+        "sweep in a hydra.* key as a sweep of its own settings; give the key itself, which "
+        "replaces the preset's values: 'attention=softmax,nystrom'"
+    ]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_sweep_that_failed_before_its_first_job_leaves_no_folder(tmp_path):
+    """Its claim and its lock are bookkeeping: nothing else in it, the folder goes."""
+    from nyscli.launch.folders import CLAIM_FILE, discard_failed
+
+    sweep_dir = tmp_path / "outputs" / "lra" / "multirun" / "x"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / CLAIM_FILE).touch()
+    (sweep_dir / resume.LOCK_FILE).touch()
+    discard_failed(sweep_dir, [sweep_dir.parent, sweep_dir.parent.parent])
+    assert not sweep_dir.parent.parent.exists() and (tmp_path / "outputs").is_dir()

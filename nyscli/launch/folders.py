@@ -13,7 +13,7 @@ from pathlib import Path
 from nyscli import ranks
 from nyscli.errors import UserInputError
 from nyscli.launch.plan import Plan
-from nyscli.launch.sweepers import search
+from nyscli.launch.sweepers import resume, search
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
@@ -26,7 +26,7 @@ ENV_FILE = "env.json"
 # Created exclusively (O_EXCL) in a folder given as hydra.run.dir / hydra.sweep.dir: of several
 # launches into one folder, at the same instant or later, exactly one gets it.
 CLAIM_FILE = ".nys-claim"
-BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE, RESUMED_FROM_FILE)
+BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE, RESUMED_FROM_FILE, resume.LOCK_FILE)
 
 
 def not_a_folder(path: Path) -> Path | None:

@@ -243,23 +243,23 @@ _SEARCH_PARAMS = "hydra.sweeper.params."
 
 
 def _refuse_search_params(overrides: list[str]) -> None:
-    """``hydra.sweeper.params.<key>=interval(...)`` reads as a sweep over Hydra's own config,
-    which Hydra refuses in words that do not say how to change a search's space: name the
-    override that does (the key itself, which the search takes over its preset's entry).
-    A comma list there (``hydra.sweeper.params.attention=a,b``, table3_cpu's) is a grid
-    sweeper's and works."""
+    """``hydra.sweeper.params.<key>=interval(...)`` or ``=a,b`` reads as a sweep over Hydra's
+    own config, which Hydra refuses in words that do not say how to change a sweep's values:
+    name the override that does (the key itself, which the sweep takes over its preset's
+    entry: a search's space, table3_cpu's attentions)."""
     parser = OverridesParser.create()
     for override in overrides:
         key = override_key(override)
-        if not key.startswith(_SEARCH_PARAMS):
-            continue
-        if parser.parse_override(override).value_type != ValueType.INTERVAL_SWEEP:
+        if (
+            not key.startswith(_SEARCH_PARAMS)
+            or not parser.parse_override(override).is_sweep_override()
+        ):
             continue
         value = override.partition("=")[2]
         raise UserInputError(
             f"{override.lstrip('+~')} is not allowed: Hydra reads a sweep in a hydra.* key as a "
-            f"sweep of its own settings; change the search's space with the key itself: "
-            f"'{key.removeprefix(_SEARCH_PARAMS)}={value}'"
+            f"sweep of its own settings; give the key itself, which replaces the preset's "
+            f"values: '{key.removeprefix(_SEARCH_PARAMS)}={value}'"
         )
 
 
