@@ -174,7 +174,8 @@ Seed = Annotated[int | None, typer.Option(help="Seed of every random draw of the
 Resume = Annotated[
     str | None,
     typer.Option(
-        help="true (newest matching run under outputs/<command>/) or a run folder to continue."
+        help="true (newest matching run under outputs/<command>/) or a run folder to continue; "
+        "with -m and hydra.sweep.dir=<sweep>, true continues that sweep."
     ),
 ]
 BenchOverrides = Annotated[list[str] | None, overrides_argument("bench")]
