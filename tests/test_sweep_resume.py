@@ -187,12 +187,13 @@ def test_job_states_read_from_the_folders(tmp_path):
     job(2, ["seed=2"], ERROR_FILE)
     states = resume.job_states(tmp_path, jobs)
     assert [s.state for s in states] == [resume.DONE, resume.RESUME, resume.RERUN, resume.NEW]
-    groups = resume.launch_groups(states, has_resume=True, batch=None)
-    assert groups == [(1, [["seed=1", "threads=1", f"resume='{tmp_path / '1'}'"],
-                           ["seed=2", "threads=1", "resume=false"],
+    groups = resume.launch_groups(tmp_path, states, has_resume=True, batch=None)
+    own = "hydra.sweep.subdir='{}'".format  # a job that ran before runs in its own folder
+    assert groups == [(1, [["seed=1", "threads=1", f"resume='{tmp_path / '1'}'", own(1)],
+                           ["seed=2", "threads=1", "resume=false", own(2)],
                            ["seed=3", "threads=1", "resume=false"]])]  # fmt: skip
     assert not (tmp_path / "2" / ERROR_FILE).exists()  # a job run again loses its old error
-    assert resume.launch_groups(states, has_resume=False, batch=2)[1] == (3, [jobs[3]])
+    assert resume.launch_groups(tmp_path, states, has_resume=False, batch=2)[1] == (3, [jobs[3]])
     with pytest.raises(resume.UserInputError, match="its job 2 ran 'seed=2', this command's "
                        "job 2 is 'seed=7'"):  # fmt: skip
         resume.job_states(tmp_path, [*jobs[:2], ["seed=7"], jobs[3]])

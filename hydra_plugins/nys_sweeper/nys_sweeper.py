@@ -48,7 +48,8 @@ class NysSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / resume.MULTIRUN_FILE)
         returns = []
         has_resume = "resume" in self.config
-        for first, batch in resume.launch_groups(states, has_resume, self.max_batch_size):
+        groups = resume.launch_groups(sweep_dir, states, has_resume, self.max_batch_size)
+        for first, batch in groups:
             self.validate_batch_is_legal(batch)
             results = self.launcher.launch(batch, initial_job_idx=first)
             for result in results:

@@ -220,11 +220,13 @@ def resume_override(job: Job, has_resume: bool) -> list[str]:
 
 
 def launch_groups(
-    states: list[Job], has_resume: bool, batch: int | None
+    sweep_dir: Path, states: list[Job], has_resume: bool, batch: int | None
 ) -> list[tuple[int, list[list[str]]]]:
     """The jobs left to run, as (first job number, overrides of each) groups of consecutive
     numbers (a launcher numbers a group's jobs from its first), at most ``batch`` a group
-    (None or -1: no limit). A job run again loses its stale ``error.txt`` first."""
+    (None or -1: no limit). A job that ran before runs in its own folder again, whatever
+    ``hydra.sweep.subdir`` makes of the overrides it gets now, and loses its stale
+    ``error.txt`` first."""
     groups: list[tuple[int, list[list[str]]]] = []
     size = None if batch in (None, -1) else batch
     previous = None
@@ -236,6 +238,9 @@ def launch_groups(
                 os.remove(job.folder / ERROR_FILE)
         overrides = [o for o in job.overrides if override_key(o) != "resume"]
         overrides += resume_override(job, has_resume)
+        if job.folder is not None:
+            subdir = as_override_value(str(job.folder.relative_to(sweep_dir)))
+            overrides.append(f"hydra.sweep.subdir={subdir}")
         joins = previous == job.number - 1 and (size is None or len(groups[-1][1]) < size)
         if joins:
             groups[-1][1].append(overrides)
