@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nyscli.ranks",),
     # The launcher, one idea per module, bottom to top (no module imports one above it, so
     # the package has no import circle).
+    ("nyscli.launch.progress",),
     ("nyscli.launch.sweepers",),
     ("nyscli.launch.faults",),
     ("nyscli.launch.plan",),

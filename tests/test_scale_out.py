@@ -293,9 +293,9 @@ def test_checking_a_big_sweep_without_a_terminal_prints_progress_lines(monkeypat
     sweep was checked for over an hour in silence. Lines come at most every
     CHECK_LINE_EVERY_S seconds (0 here: one a job)."""
     from nyscli.console import console
-    from nyscli.launch import plan
+    from nyscli.launch import progress
 
-    monkeypatch.setattr(plan, "CHECK_LINE_EVERY_S", 0.0, raising=False)
+    monkeypatch.setattr(progress, "CHECK_LINE_EVERY_S", 0.0)
     assert not console.is_terminal
     plan_launch("approx_error", ["seed=range(0,25)", "seq_len=32"], True)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]

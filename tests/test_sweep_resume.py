@@ -242,3 +242,24 @@ def test_a_sweep_that_failed_before_its_first_job_leaves_no_folder(tmp_path):
     (sweep_dir / resume.LOCK_FILE).touch()
     discard_failed(sweep_dir, [sweep_dir.parent, sweep_dir.parent.parent])
     assert not sweep_dir.parent.parent.exists() and (tmp_path / "outputs").is_dir()
+
+
+def test_reading_a_big_sweeps_job_folders_without_a_terminal_prints_progress(
+    tmp_path, monkeypatch, capsys
+):
+    """Reading 100,000 job records takes over a minute: like the check of the jobs, it says
+    how far it is (lines at most every CHECK_LINE_EVERY_S seconds; 0 here: one a job)."""
+    from nyscli.launch import progress
+
+    monkeypatch.setattr(progress, "CHECK_LINE_EVERY_S", 0.0)
+    jobs = [[f"seed={s}"] for s in range(25)]
+    for number, job in enumerate(jobs):
+        (tmp_path / str(number) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(number) / ".hydra" / "hydra.yaml").write_text(
+            f"hydra:\n  job:\n    num: {number}\n  overrides:\n    task:\n      - {job[0]}\n"
+        )
+    assert [s.state for s in resume.job_states(tmp_path, jobs)] == [resume.RERUN] * 25
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == 24 and lines[0].startswith(
+        f"reading 25 job folders of {tmp_path}: 1 of 25 read, "
+    )

@@ -10,7 +10,6 @@ import difflib
 import os
 import re
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +35,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nyscli import tracking
 from nyscli.console import console
-from nyscli.data.common import progress_bar
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module, schema
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.faults import fault_line, one_line
+from nyscli.launch.progress import job_bar
 from nyscli.launch.sweepers import resume, search
 from nyscli.launch.sweepers.grid import grid_arguments, per_attention
 from nyscli.overrides import override_key, override_keys
@@ -182,43 +181,6 @@ class JobComposer:
         with open_dict(cfg):
             cfg.hydra.overrides.task = list(job)
         return cfg
-
-
-SWEEP_BAR_JOBS = 20  # fewer jobs are checked in about a second: no bar
-CHECK_LINE_EVERY_S = 10.0  # without a terminal: a progress line at most this often
-
-
-@contextlib.contextmanager
-def _no_bar(description: str, total: int) -> Iterator[Any]:
-    yield lambda k: None
-
-
-@contextlib.contextmanager
-def _check_lines(description: str, total: int) -> Iterator[Any]:
-    """Progress as lines, for a console that is no terminal (a log, CI, a pipe): rich's bar
-    draws nothing there, and checking 100,000 jobs takes over an hour on 2 cores (30-60 ms a
-    job), so the launch would look hung."""
-    start = last = time.monotonic()
-    done = 0
-
-    def advance(k: int) -> None:
-        nonlocal done, last
-        done += k
-        now = time.monotonic()
-        if now - last < CHECK_LINE_EVERY_S or done >= total:
-            return
-        last = now
-        left = (now - start) / done * (total - done)
-        console.print(f"{description}: {done} of {total} checked, {now - start:.0f} s, "
-                      f"~{left:.0f} s left", highlight=False, soft_wrap=True)  # fmt: skip
-
-    yield advance
-
-
-def _sweep_bar(total: int) -> Any:
-    if total < SWEEP_BAR_JOBS:
-        return _no_bar
-    return progress_bar if console.is_terminal else _check_lines
 
 
 # Python reads integers of at most this many digits (sys.get_int_max_str_digits()); Hydra's
@@ -364,7 +326,7 @@ def _plan(
     grid = grid_arguments(node, _task_overrides(overrides))  # + hydra.sweeper.params
     split = per_attention(job_overrides(grid, multirun), attention_keys)
     # Each job is composed as it will run: a bar for big sweeps.
-    bar = _sweep_bar(len(split.jobs))
+    bar = job_bar(len(split.jobs))
     cached = JobComposer(composing, command)
     with bar(f"checking {len(split.jobs)} jobs", len(split.jobs)) as advance:
         for job in split.jobs:
