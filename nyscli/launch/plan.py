@@ -354,7 +354,8 @@ def _continued(
     check = getattr(module, "preflight", None)
     for job in found.jobs:
         if job.state == resume.RESUME and check is not None:
-            cfg = cached.compose([*job.overrides, *resume.resume_override(job, True)])
+            given = [o for o in job.overrides if override_key(o) != "resume"]
+            cfg = cached.compose([*given, *resume.resume_override(job, True)])
             with open_dict(cfg):
                 del cfg["hydra"]
             check(cfg)
