@@ -23,11 +23,12 @@ def hybrid(**options):
     return build_attention({"name": "nystrom_local", **options}).double()
 
 
-def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6):
+def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6, far: bool = True):
     """One head, no padding, m dividing n: the formula of the class doc with dense matrices.
 
     W = exp(S) on the band and the g heavy keys, K~ = F pinv(A) B elsewhere (zeroed for a
-    query whose K~ mass off the support is not positive); out = W v / W 1.
+    query whose K~ mass off the support is not positive, and everywhere without the far
+    field); out = W v / W 1.
     """
     n, d = q.shape
     s = q @ k.T / math.sqrt(d)
@@ -42,7 +43,7 @@ def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6):
     support = (pos[:, None] - pos[None, :]).abs() <= (window - 1) // 2
     support[:, b.amax(0).topk(g).indices] = True
     outside = torch.where(support, 0.0, kernel)
-    outside = outside * (outside.sum(-1, keepdim=True) > 0)
+    outside = outside * (outside.sum(-1, keepdim=True) > 0) * far
     w = torch.where(support, torch.exp(s), outside)
     return w @ v / w.sum(-1, keepdim=True), w / w.sum(-1, keepdim=True)
 
@@ -59,6 +60,27 @@ def test_output_equals_the_dense_formula(m, window, g, chunk, monkeypatch):
     for h in range(2):
         expected, _ = reference(q[0, h], k[0, h], v[0, h], m, window, g)
         torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_without_the_far_field_it_is_softmax_over_the_band_and_heavy_keys(chunk, monkeypatch):
+    """far_field=false (the ablation): every query attends over its band and the g heavy keys
+    alone, exactly; the landmarks only pick the heavy keys. Costs m pairs less a query."""
+    if chunk:
+        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
+    q, k, v = qkv(1, 2, 32, 6, seed=4)
+    core = hybrid(num_landmarks=4, window=5, heavy_keys=3, far_field=False)
+    out = core(q, k, v)
+    for h in range(2):
+        expected, weights = reference(q[0, h], k[0, h], v[0, h], 4, 5, 3, far=False)
+        torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
+        assert ((weights > 0).sum(-1) <= 5 + 3).all()  # no weight off the band and heavy keys
+    assert (
+        core.pairs() == 4 + 4 + 3
+        and hybrid(num_landmarks=4, window=5, heavy_keys=3).pairs() == 4 + 8 + 3
+    )
+    assert core.label() == "nystrom_local-w5-m4-g3-no_far_field"
 
 
 def test_a_query_with_no_positive_mass_estimate_off_its_support_keeps_its_exact_part():
@@ -155,3 +177,19 @@ def test_budget_128_is_nystrom_64_longformer_129_and_the_measured_hybrid_split()
     }
     assert pairs_per_query({"name": "nystrom_local", "window": 65, "num_landmarks": 32}) == 160
     assert pairs_per_query({"name": "softmax"}) is None
+
+
+@pytest.mark.parametrize("pairs", [32, 64, 128, 256])
+@pytest.mark.parametrize("method", ["hybrid_band_heavy", "hybrid_landmarks_heavy"])
+def test_the_ablations_cost_the_budget_and_drop_their_part(method, pairs):
+    """approx-error's ablation rows: the hybrid without its far field (band + heavy keys) or
+    without its band (landmarks + heavy keys), each at exactly the budget's pairs."""
+    from nyscli.experiments.approx_error.methods import core_config
+
+    config = core_config(method, pairs, 512, {}, seed=0, unit="pairs")
+    assert pairs_per_query(config) == pairs
+    if method == "hybrid_band_heavy":
+        assert config["far_field"] is False and config["window"] > 1 and config["heavy_keys"] > 0
+    else:
+        assert config["window"] == 1 and config.get("far_field", True)
+    assert config["name"] == "nystrom_local"

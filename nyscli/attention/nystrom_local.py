@@ -22,7 +22,7 @@ from nyscli.attention.masking import EXP_FLOOR, check_qkv
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
-from nyscli.rules import Int
+from nyscli.rules import Bool, Int
 
 
 def per_query(x: Tensor, y: Tensor) -> Tensor:
@@ -157,6 +157,9 @@ class NystromLocalAttention(Core):
         window: band width w, odd: each token scores itself and (w - 1) / 2 neighbours on each
             side exactly.
         heavy_keys: g, keys every query scores exactly besides its band (0: none).
+        far_field: add Nyström's estimate of the mass outside the band and heavy keys; false:
+            the band and heavy keys alone, the landmarks only picking the heavy keys (an
+            ablation: what the far field adds).
         pinv_iterations: Newton iterations of the landmark kernel's pseudo-inverse (in fp32 or
             wider, autocast off).
         causal: not supported; landmarks and heavy keys reach future tokens.
@@ -170,6 +173,7 @@ class NystromLocalAttention(Core):
         "window": Int(low=1, odd=True),
         "heavy_keys": Int(low=0),
         "pinv_iterations": Int(low=1),
+        "far_field": Bool(),
         "causal": not_causal("nystrom_local", "its landmarks and heavy keys see future tokens"),
     }
     budget_key = "num_landmarks"
@@ -180,6 +184,7 @@ class NystromLocalAttention(Core):
         window: int = 65,
         heavy_keys: int = 32,
         pinv_iterations: int = 6,
+        far_field: bool = True,
         causal: bool = False,
     ) -> None:
         super().__init__()
@@ -188,10 +193,14 @@ class NystromLocalAttention(Core):
 
     def label(self) -> str:
         heavy = f"-g{self.heavy_keys}" if self.heavy_keys else ""
-        return f"nystrom_local-w{self.window}-m{self.num_landmarks}{heavy}"
+        far = "" if self.far_field else "-no_far_field"
+        return f"nystrom_local-w{self.window}-m{self.num_landmarks}{heavy}{far}"
 
     def pairs(self) -> int:
-        return self.window - 1 + 2 * self.num_landmarks + self.heavy_keys
+        # A landmark costs 2 pairs a query (its score F' and its share of B' V); without the
+        # far field only B' is formed, to pick the heavy keys: m scores a key, 1 pair a query.
+        landmarks = (2 if self.far_field else 1) * self.num_landmarks
+        return self.window - 1 + landmarks + self.heavy_keys
 
     @classmethod
     def at_pairs(cls, pairs: int) -> dict[str, Any]:
@@ -212,7 +221,7 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
-        if not backward_follows(q, k, v) and nystrom_gpu.hybrid_applies(
+        if self.far_field and not backward_follows(q, k, v) and nystrom_gpu.hybrid_applies(
             q, v, self.num_landmarks, self.heavy_keys
         ):
             # On a GPU, inference: the band, heavy keys and landmarks of a block of queries in
@@ -402,8 +411,9 @@ class NystromLocalAttention(Core):
         band_mass = (p * (windows @ parts.shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
         lr_mass = per_query(p, parts.b_mass)  # K~ 1, (B, H, c, block, 1)
         outside = lr_mass - band_mass[..., None] - k_heavy.sum(-1, keepdim=True)
-        # A non-positive mass estimate outside the support: trust the exact part alone.
-        gate = (outside > 0).to(p.dtype)
+        # A non-positive mass estimate outside the support: trust the exact part alone (and
+        # every query does without the far field).
+        gate = (outside > 0).to(p.dtype) * float(self.far_field)
         p_gated = p * gate
         scores, shift = band
         in_place = not backward_follows(scores, p, windows)

@@ -32,12 +32,33 @@ NYSTROM_VARIANTS: dict[str, str | None] = {
     "nystrom_kmeans": "kmeans",
 }
 RIVALS = ("linformer", "performer", "longformer", "nystrom_local", "linear")
+
+
+def _band_heavy(pairs: int) -> dict[str, Any]:
+    """The hybrid without its far field at ``pairs``: a sixteenth to the landmarks that pick
+    the heavy keys (1 pair each), half the rest to the band, the rest to heavy keys."""
+    m = max(1, pairs // 16)
+    neighbours = max(2, (pairs - m) // 4 * 2)  # even, so the window is odd
+    heavy = max(0, pairs - m - neighbours)
+    return {"window": neighbours + 1, "num_landmarks": m, "heavy_keys": heavy, "far_field": False}
+
+
+def _landmarks_heavy(pairs: int) -> dict[str, Any]:
+    """The hybrid without its band (a window of the token itself) at ``pairs``: half to the
+    landmarks (2 pairs each), half to heavy keys."""
+    m = max(1, pairs // 4)
+    return {"window": 1, "num_landmarks": m, "heavy_keys": max(0, pairs - 2 * m)}
+
+
+# The hybrid's parts without the third, at the same budget: what each part buys. (The band
+# alone is longformer.)
+ABLATIONS = {"hybrid_band_heavy": _band_heavy, "hybrid_landmarks_heavy": _landmarks_heavy}
 # landmarks: a budget is Nyström's m (the paper's axis); pairs: scored pairs per query for all.
 BUDGET_UNITS = ("landmarks", "pairs")
 BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
-METHODS = (*NYSTROM_VARIANTS, *RIVALS)
+METHODS = (*NYSTROM_VARIANTS, *RIVALS, *ABLATIONS)
 # What a row is, where its error is not the method's best: its rivals run untrained here (a
 # trained model would learn Linformer's projections; Performer's features are a random draw),
 # a window sees only nearby keys (on a smooth source most of the mass lies outside it), and the
@@ -47,6 +68,8 @@ NOTES = {
     "performer": "random features",
     "longformer": "window: misses far keys",
     "linear": "elu+1 kernel, not softmax",
+    "hybrid_band_heavy": "ablation: no far field",
+    "hybrid_landmarks_heavy": "ablation: no band",
     "uniform": "trivial baseline",
     "svd": "best rank m (needs S)",
 }
@@ -58,6 +81,10 @@ FOOTNOTES = {
     "attention mass beyond the window is lost",
     "trivial baseline": "uniform: every query gets the mean of V; a method above it is worse "
     "than no attention",
+    "ablation: no far field": "hybrid_band_heavy: the hybrid's band and heavy keys alone "
+    "(landmarks only pick the heavy keys), at the same budget",
+    "ablation: no band": "hybrid_landmarks_heavy: the hybrid's landmarks and heavy keys, no "
+    "band, at the same budget",
     "pinv floor": "pinv floor: an exact pinv would more than halve the error; raise "
     "attention.pinv_iterations or set attention.pinv_tolerance",
 }
@@ -68,7 +95,10 @@ BLOCK_ENTRIES = 1 << 25
 
 
 def core_name(method: str) -> str:
-    """The registered attention core a method runs on (``nystrom`` for every variant)."""
+    """The registered attention core a method runs on (``nystrom`` for every variant,
+    ``nystrom_local`` for its ablations)."""
+    if method in ABLATIONS:
+        return "nystrom_local"
     return "nystrom" if method in NYSTROM_VARIANTS else method
 
 
@@ -135,6 +165,8 @@ def core_config(
         if NYSTROM_VARIANTS[method] is not None:
             config["landmarks"] = NYSTROM_VARIANTS[method]
         return config
+    if method in ABLATIONS:
+        return {"name": "nystrom_local", **ABLATIONS[method](budget)}
     if method not in METHODS:
         raise ValueError(f"unknown approximation method {method!r}")
     config: dict[str, Any] = {"name": method}
