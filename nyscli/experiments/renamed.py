@@ -38,6 +38,7 @@ RENAMED: dict[str, dict[str, str]] = {
 ADDED_OPTIONS: dict[str, dict[str, object]] = {
     "nystrom": {"recompute": False},
     "softmax": {"dropout": 0.0},
+    "nystrom_local": {"far_field": True},
 }
 # Other settings added since, per command, at the value the runs recorded without them ran
 # with. Unlike an attention option, such a default may differ: lra's model.init is torch.
