@@ -46,14 +46,19 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         yield
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new temp file beside ``path`` (fd, name); an OSError names ``path``, the file the
+    user asked for, not the temp name."""
+    try:
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise type(error)(error.errno, error.strerror, str(path)) from None
+
+
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Raise the OSError :func:`atomic_writer` would, naming ``path``, when a file cannot be
     written there (a read-only or full folder): checked before the work that ends in it."""
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise type(error)(error.errno, error.strerror, str(path)) from None
+    fd, tmp = _temp_beside(Path(path))
     os.close(fd)
     os.remove(tmp)
 
@@ -68,10 +73,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:  # name the file the user asked for, not our temp name
-        raise type(error)(error.errno, error.strerror, str(path)) from None
+    fd, tmp = _temp_beside(path)
     # mkstemp makes the temp file 0600 whatever the umask; the file it becomes should be
     # readable as any file the user creates (0644 under the usual umask 022), like open() does.
     os.fchmod(fd, 0o666 & ~current_umask())

@@ -162,7 +162,6 @@ def test_report_out_a_directory_is_an_error(nys_here, tmp_path):
     assert f"--out={tmp_path}" in output
 
 
-
 def test_report_out_where_nothing_can_be_written_is_one_line_before_any_table(nys_here, tmp_path):
     """sysfs takes no new file, not even from root: the line names the file asked for, and
     the tables (which used to print first) do not print."""

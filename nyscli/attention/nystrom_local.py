@@ -221,8 +221,10 @@ class NystromLocalAttention(Core):
 
     def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         band = Band.of(q.shape[2], self.window)
-        if self.far_field and not backward_follows(q, k, v) and nystrom_gpu.hybrid_applies(
-            q, v, self.num_landmarks, self.heavy_keys
+        if (
+            self.far_field
+            and not backward_follows(q, k, v)
+            and nystrom_gpu.hybrid_applies(q, v, self.num_landmarks, self.heavy_keys)
         ):
             # On a GPU, inference: the band, heavy keys and landmarks of a block of queries in
             # one program (no band-sized temporaries, no chunks). The shared parts stay in the

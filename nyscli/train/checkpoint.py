@@ -53,16 +53,22 @@ def shape_mismatch(model: torch.nn.Module, state: dict[str, Any]) -> str | None:
     return "; ".join(parts[:4]) if parts else None
 
 
+def _read(path: Path, map_location: str | torch.device, mmap: bool = False) -> Any:
+    """``torch.load`` of ``path`` (``mmap``: tensors mapped, not read); CheckpointError (one
+    line) if it cannot be read."""
+    try:
+        # weights_only=False: the state holds RNG states and python objects we wrote ourselves.
+        return torch.load(path, map_location=map_location, mmap=mmap, weights_only=False)
+    except Exception as error:  # torch raises many types for truncated or foreign files
+        raise _unreadable(path, error) from None
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The state saved by :func:`save_checkpoint`; CheckpointError (one line) if unreadable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; give a run folder with one")
-    try:
-        # weights_only=False: the state holds RNG states and python objects we wrote ourselves.
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as error:  # torch raises many types for truncated or foreign files
-        raise _unreadable(path, error) from None
+    state = _read(path, map_location)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
             f"checkpoint {path} is not a nys trainer checkpoint (format {FORMAT} expected)"
@@ -83,12 +89,9 @@ def check_complete(path: Path) -> None:
 
 def saved_architecture(path: Path) -> dict[str, Any] | None:
     """The settings that shaped the weights, as the run that saved ``path`` recorded them
-    (None in a checkpoint from before they were recorded). Tensors are mapped, not read: a
-    glance of milliseconds, so a resume compares them before loading any data."""
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as error:  # torch raises many types for truncated or foreign files
-        raise _unreadable(path, error) from None
+    (None in a checkpoint from before they were recorded), read with its tensors mapped, so
+    a resume compares them before loading any data."""
+    state = _read(path, "cpu", mmap=True)
     found = state.get("architecture") if isinstance(state, dict) else None
     return dict(found) if isinstance(found, dict) else None
 
