@@ -263,3 +263,19 @@ def test_reading_a_big_sweeps_job_folders_without_a_terminal_prints_progress(
     assert len(lines) == 24 and lines[0].startswith(
         f"reading 25 job folders of {tmp_path}: 1 of 25 read, "
     )
+
+
+def test_the_line_that_continues_a_sweep_asks_resume_only_of_a_training_grid(monkeypatch):
+    """A training command's grid continues with --resume true; a search reruns a cut trial
+    (its trials would look for runs to resume), and bench or approx-error have no resume."""
+    from omegaconf import OmegaConf
+
+    from nyscli.launch.sweepers.search import SWEEPER
+
+    monkeypatch.setattr("sys.argv", ["nys", "lra", "-m", "seed=0,1", "hydra.sweep.dir=old"])
+    grid = OmegaConf.create({"sweeper": {"_target_": "NysSweeper"}})
+    searching = OmegaConf.create({"sweeper": {"_target_": SWEEPER}})
+    line = "nys lra -m seed=0,1 hydra.sweep.dir=s"
+    assert resume.again(Path("s"), grid, trains=True) == f"{line} --resume true"
+    assert resume.again(Path("s"), searching, trains=True) == line
+    assert resume.again(Path("s"), grid, trains=False) == line

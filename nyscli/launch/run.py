@@ -43,7 +43,6 @@ from nyscli.overrides import override_key, override_value
 from nyscli.paths import CONF_SOURCE, OUTPUT_ROOT, SWEEP_CACHE
 from nyscli.stops import sigterm_raises, stop_code, stopped
 from nyscli.train.errors import TrainingInterrupted
-from nyscli.train.resume import sweep_command
 
 
 def _show_sweep(command: str, args: Any, typed: dict[str, str]) -> int:
@@ -215,8 +214,9 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
         kept = fresh is not None and fresh.is_dir()
         where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
         if sweep_dir is not None:  # a sweep goes on where it stopped
-            training = hasattr(experiment_module(command), "resume_pins")
-            where = f"; the sweep continues with: {sweep_command(sweep_dir, training)}"
+            assert plan is not None  # a sweep folder is claimed from the plan
+            trains = hasattr(experiment_module(command), "resume_pins")
+            where = f"; the sweep continues with: {resume.again(sweep_dir, plan.hydra, trains)}"
         say_error(f"{stopped(stop)}{where}")
         return stop_code(stop)
     except SystemExit as exit_:

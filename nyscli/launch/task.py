@@ -18,11 +18,10 @@ from nyscli.experiments import experiment_module
 from nyscli.files import write_csv, write_json, write_text
 from nyscli.launch.faults import USER_ERRORS, Abort, JobFailed, fault_line, one_line
 from nyscli.launch.folders import ENV_FILE
-from nyscli.launch.sweepers import search
+from nyscli.launch.sweepers import resume
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.train.errors import TrainingInterrupted
-from nyscli.train.resume import sweep_command
 
 log = logging.getLogger("nys")
 
@@ -60,8 +59,7 @@ class Task:
             df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except TrainingInterrupted as stop:
             if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
-                searching = search.is_search(hydra_cfg)  # a search reruns a cut trial
-                again = sweep_command(Path(hydra_cfg.sweep.dir), training=not searching)
+                again = resume.again(Path(hydra_cfg.sweep.dir), hydra_cfg, trains=True)
                 stop = TrainingInterrupted(stop.stopped, stop.code, again)
             if main:  # the folder then tells `nys report` where it stopped and how to resume
                 with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ from nyscli.launch.sweepers import search
 from nyscli.output.runs import ERROR_FILE
 from nyscli.overrides import as_override_value, override_key, override_value
 from nyscli.train.checkpoint import CHECKPOINT_DIR, LAST
-from nyscli.train.resume import RUN_CONTROL, is_finished
+from nyscli.train.resume import RUN_CONTROL, is_finished, sweep_command
 
 MULTIRUN_FILE = "multirun.yaml"  # Hydra writes it into every sweep folder it starts
 LOCK_FILE = ".nys-sweep-lock"  # locked by the launch that runs the sweep (first or continued)
@@ -258,6 +258,13 @@ def launch_groups(
             groups.append((job.number, [overrides]))
         previous = job.number
     return groups
+
+
+def again(sweep_dir: Path, hydra: object, trains: bool) -> str:
+    """The command line that continues the sweep in ``sweep_dir`` (``hydra``: its composed
+    node): with ``--resume true`` where its cut jobs resume from checkpoints, a grid of a
+    command that ``trains``; a search reruns a cut trial instead."""
+    return sweep_command(sweep_dir, training=trains and not search.is_search(hydra))
 
 
 @contextlib.contextmanager
