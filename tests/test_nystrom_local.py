@@ -23,17 +23,23 @@ def hybrid(**options):
     return build_attention({"name": "nystrom_local", **options}).double()
 
 
-def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6, far: bool = True):
+def reference(
+    q, k, v, m: int, window: int, g: int, iterations: int = 6, far: bool = True,
+    routed: int = 0, landmarks=None,
+):  # fmt: skip
     """One head, no padding, m dividing n: the formula of the class doc with dense matrices.
 
-    W = exp(S) on the band and the g heavy keys, K~ = F pinv(A) B elsewhere (zeroed for a
-    query whose K~ mass off the support is not positive, and everywhere without the far
-    field); out = W v / W 1.
+    W = exp(S) on the band, the g heavy keys and the ``routed`` keys of each query (the
+    largest B' entries of the landmark pair nearest its [q, k]), K~ = F pinv(A) B elsewhere
+    (zeroed for a query whose K~ mass off the support is not positive, and everywhere without
+    the far field); out = W v / W 1. ``landmarks``: (q~, k~), segment means if None.
     """
     n, d = q.shape
     s = q @ k.T / math.sqrt(d)
     q_land = q.view(m, n // m, d).mean(1)
     k_land = k.view(m, n // m, d).mean(1)
+    if landmarks is not None:
+        q_land, k_land = landmarks
     land = q_land @ k.T / math.sqrt(d)
     shift = land.amax(-1, keepdim=True)
     b = torch.exp(land - shift)
@@ -42,6 +48,9 @@ def reference(q, k, v, m: int, window: int, g: int, iterations: int = 6, far: bo
     pos = torch.arange(n)
     support = (pos[:, None] - pos[None, :]).abs() <= (window - 1) // 2
     support[:, b.amax(0).topk(g).indices] = True
+    if routed:
+        nearest = torch.cdist(torch.cat([q, k], -1), torch.cat([q_land, k_land], -1)).argmin(-1)
+        support[torch.arange(n)[:, None], b.topk(routed).indices[nearest]] = True
     outside = torch.where(support, 0.0, kernel)
     outside = outside * (outside.sum(-1, keepdim=True) > 0) * far
     w = torch.where(support, torch.exp(s), outside)
@@ -193,3 +202,83 @@ def test_the_ablations_cost_the_budget_and_drop_their_part(method, pairs):
     else:
         assert config["window"] == 1 and config.get("far_field", True)
     assert config["name"] == "nystrom_local"
+
+
+@pytest.mark.parametrize(
+    ("m", "window", "g", "routed"), [(4, 5, 0, 6), (4, 1, 3, 8), (8, 3, 2, 4), (2, 1, 0, 30)]
+)
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_routed_keys_output_equals_the_dense_formula(m, window, g, routed, chunk, monkeypatch):
+    """Each query also scores exactly its nearest landmark's favourite keys (in B'), once
+    where they fall in its band or among the heavy keys; the far field covers the rest.
+    Also in chunks, and with 30 routed keys of 32 (nearly every key)."""
+    if chunk:
+        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
+    q, k, v = qkv(1, 2, 32, 6, seed=7)
+    core = hybrid(num_landmarks=m, window=window, heavy_keys=g, routed_keys=routed)
+    out = core(q, k, v)
+    for h in range(2):
+        expected, weights = reference(q[0, h], k[0, h], v[0, h], m, window, g, routed=routed)
+        torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
+    assert core.pairs() == window - 1 + 2 * m + g + routed
+    assert core.label() == f"nystrom_local-w{window}-m{m}" + (f"-g{g}" if g else "") + f"-r{routed}"
+
+
+def test_routed_keys_follow_k_means_landmarks():
+    """landmarks=kmeans: the landmarks (and so the groups and their favourites) are
+    ``kmeans_groups``' of the same seed and steps."""
+    from nyscli.attention.landmarks import kmeans_groups
+
+    q, k, v = qkv(1, 2, 40, 5, seed=8)
+    core = hybrid(num_landmarks=5, window=3, heavy_keys=2, routed_keys=6, landmarks="kmeans",
+                  kmeans_iterations=3, seed=4)  # fmt: skip
+    out = core(q, k, v)
+    q_land, k_land, _ = kmeans_groups(q, k, 5, None, iterations=3, seed=4)
+    for h in range(2):
+        expected, _ = reference(q[0, h], k[0, h], v[0, h], 5, 3, 2, routed=6,
+                                landmarks=(q_land[0, h], k_land[0, h]))  # fmt: skip
+        torch.testing.assert_close(out[0, h], expected, rtol=1e-11, atol=1e-12)
+    assert core.label() == "nystrom_local-w3-m5-kmeans-g2-r6"
+
+
+@pytest.mark.parametrize("landmarks", ["segment_means", "kmeans"])
+def test_routed_keys_padding_never_changes_a_sequence_and_rows_sum_to_one(landmarks):
+    # g >= m: each landmark's favourite weighs exactly 1 in B', and fewer heavy keys than
+    # landmarks would break that tie by rounding, which padding moves.
+    core = hybrid(num_landmarks=4, window=3, heavy_keys=4, routed_keys=7, landmarks=landmarks)
+    q, k, v = qkv(3, 2, 50, 4, seed=9)
+    lengths = (50, 37, 6)
+    mask = torch.arange(50)[None, :] < torch.tensor(lengths)[:, None]
+    batched = core(q, k, v, mask)
+    for i, n in enumerate(lengths):
+        alone = core(q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n])
+        torch.testing.assert_close(batched[i : i + 1, :, :n], alone, rtol=1e-10, atol=1e-12)
+    s_hat = implied_matrix(core, q, k, mask)
+    rows = s_hat.sum(-1)[mask[:, None, :].expand(-1, 2, -1)]
+    torch.testing.assert_close(rows, torch.ones_like(rows), rtol=0, atol=1e-12)
+    assert s_hat[1][..., 37:].abs().max() == 0  # padded keys get no weight
+
+
+def test_routed_keys_gradients_match_finite_differences():
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 24, 3, seed=10))
+    mask = torch.ones(1, 24, dtype=torch.bool)
+    mask[0, 20:] = False
+    core = hybrid(num_landmarks=3, window=3, heavy_keys=2, routed_keys=5)
+    assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c, mask), (q, k, v))
+
+
+def test_the_routing_layout_gives_each_token_one_slot_in_a_block_of_its_group():
+    from nyscli.attention.routing import Layout
+
+    group = torch.randint(0, 5, (2, 3, 37), generator=torch.Generator().manual_seed(0))
+    group[0, 0] = 2  # one group only
+    layout = Layout.of(group, 5, block=4)
+    tokens = layout.slot_token.gather(2, layout.dest)
+    assert torch.equal(tokens, torch.arange(37).expand(2, 3, 37))  # each token in its slot
+    filled = layout.slot_token < 37
+    assert filled.sum(-1).eq(37).all()  # no token twice
+    block_of = layout.dest // 4
+    assert torch.equal(layout.block_group.gather(2, block_of), group)  # blocks of one group
+    x = torch.randn(2, 3, 37, 2, dtype=torch.float64)
+    assert torch.equal(layout.tokens(layout.rows(x)), x)

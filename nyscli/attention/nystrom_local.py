@@ -12,17 +12,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nyscli.attention import nystrom_gpu
+from nyscli.attention import nystrom_gpu, routing
 from nyscli.attention.chunking import by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
-from nyscli.attention.landmarks import select_landmarks
+from nyscli.attention.landmarks import LANDMARK_METHODS, select_landmarks
 from nyscli.attention.longformer import Band
 from nyscli.attention.masking import EXP_FLOOR, check_qkv
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
-from nyscli.rules import Bool, Int
+from nyscli.rules import Bool, Choice, Int
 
 
 def per_query(x: Tensor, y: Tensor) -> Tensor:
@@ -39,7 +39,8 @@ class Parts:
     that are real, else 0 (B, H, 1, 1, g), and the same as 0 / -inf to add to scores; keys
     [heavy keys; k~] (B, H, g + m, d) and values [heavy values; B' V] (B, H, g + m, d_v); 1 for
     the keys the band scores (real, not heavy), else 0 (B, H, n, 1); the band's shape (block,
-    span) as 1 / 0 and as 0 / -inf."""
+    span) as 1 / 0 and as 0 / -inf; the routed keys' part of every query (None without
+    routed keys)."""
 
     z: Tensor
     b_kernel: Tensor
@@ -52,6 +53,7 @@ class Parts:
     band_keys: Tensor
     shape: Tensor
     shape_bias: Tensor
+    routed: routing.Routed | None = None
 
 
 def to_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
@@ -157,6 +159,13 @@ class NystromLocalAttention(Core):
         window: band width w, odd: each token scores itself and (w - 1) / 2 neighbours on each
             side exactly.
         heavy_keys: g, keys every query scores exactly besides its band (0: none).
+        routed_keys: K, keys each query scores exactly besides its band and heavy keys: the K
+            its landmark (the pair (q~, k~) nearest its (q, k)) weighs most in B' (0: none;
+            see ``routing``). With k-means landmarks these follow what each query attends to.
+        landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
+            or ``"kmeans"`` (as in ``nystrom``).
+        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
+        seed: the random draw of ``landmarks="random"`` and the k-means start.
         far_field: add Nyström's estimate of the mass outside the band and heavy keys; false:
             the band and heavy keys alone, the landmarks only picking the heavy keys (an
             ablation: what the far field adds).
@@ -172,6 +181,10 @@ class NystromLocalAttention(Core):
         "num_landmarks": Int(low=1),
         "window": Int(low=1, odd=True),
         "heavy_keys": Int(low=0),
+        "routed_keys": Int(low=0),
+        "landmarks": Choice(LANDMARK_METHODS),
+        "kmeans_iterations": Int(low=0),  # 0: the random draw itself (no Lloyd step)
+        "seed": Int(low=0),
         "pinv_iterations": Int(low=1),
         "far_field": Bool(),
         "causal": not_causal("nystrom_local", "its landmarks and heavy keys see future tokens"),
@@ -183,6 +196,10 @@ class NystromLocalAttention(Core):
         num_landmarks: int = 16,
         window: int = 65,
         heavy_keys: int = 32,
+        routed_keys: int = 0,
+        landmarks: str = "segment_means",
+        kmeans_iterations: int = 5,
+        seed: int = 0,
         pinv_iterations: int = 6,
         far_field: bool = True,
         causal: bool = False,
@@ -193,14 +210,18 @@ class NystromLocalAttention(Core):
 
     def label(self) -> str:
         heavy = f"-g{self.heavy_keys}" if self.heavy_keys else ""
+        routed = f"-r{self.routed_keys}" if self.routed_keys else ""
+        chosen = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
         far = "" if self.far_field else "-no_far_field"
-        return f"nystrom_local-w{self.window}-m{self.num_landmarks}{heavy}{far}"
+        return f"nystrom_local-w{self.window}-m{self.num_landmarks}{chosen}{heavy}{routed}{far}"
 
     def pairs(self) -> int:
         # A landmark costs 2 pairs a query (its score F' and its share of B' V); without the
         # far field only B' is formed, to pick the heavy keys: m scores a key, 1 pair a query.
+        # Routed keys are scored like heavy keys, 1 pair each; picking them reads B' (formed
+        # anyway) and each token's nearest landmark (k-means' assignment), no extra scores.
         landmarks = (2 if self.far_field else 1) * self.num_landmarks
-        return self.window - 1 + landmarks + self.heavy_keys
+        return self.window - 1 + landmarks + self.heavy_keys + self.routed_keys
 
     @classmethod
     def at_pairs(cls, pairs: int) -> dict[str, Any]:
@@ -223,6 +244,7 @@ class NystromLocalAttention(Core):
         band = Band.of(q.shape[2], self.window)
         if (
             self.far_field
+            and not self.routed_keys  # the GPU program has no routed part
             and not backward_follows(q, k, v)
             and nystrom_gpu.hybrid_applies(q, v, self.num_landmarks, self.heavy_keys)
         ):
@@ -252,21 +274,24 @@ class NystromLocalAttention(Core):
         # Per head: the landmark side and heavy keys, O(n (m + g)), held to about two chunks'
         # worth (the band is done in chunks): at large n one head at a time, so the peak
         # stays a few MB above the output.
-        entries = band.n * (3 * self.num_landmarks + 2 * self.heavy_keys)
+        entries = band.n * (3 * self.num_landmarks + 2 * self.heavy_keys + 4 * self.routed_keys)
         out = v.new_empty(v.shape)  # each chunk writes its rows here directly
         return in_head_groups(core, q, k, v, mask, entries, budget=2 * chunk_entries, out=out)
 
     def landmark_side(
         self, q: Tensor, k: Tensor, mask: Tensor | None, real: Tensor, gpu: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """k~ (B, H, m, d), Z = pinv(A') (B, H, m, m) in fp32 or wider, and B' (B, H, m, n).
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """q~, k~ (B, H, m, d), Z = pinv(A') (B, H, m, m) in fp32 or wider, B' (B, H, m, n),
+        and the (B, m) mask of landmarks that exist (None: all do).
 
         A' = exp(q~ k~^T/√d - c), B' = exp(q~ k^T/√d - c), with c (B, H, m, 1) each landmark
         query's largest score over the real keys (B' <= 1; padded keys get 0). mask: the
         key padding mask (B, n) or None; real: the same, (1, n) of True for None. The shift
         cancels in pinv(A) B for an exact pinv, and keeps exp finite in any dtype.
         """
-        q_land, k_land, exists = select_landmarks(q, k, self.num_landmarks, mask)
+        q_land, k_land, exists = select_landmarks(
+            q, k, self.num_landmarks, mask, self.landmarks, self.kmeans_iterations, self.seed
+        )
         scale = 1.0 / math.sqrt(q.shape[-1])
         padded = to_bias(real, q.dtype)[:, None, None, :]  # (B or 1, 1, 1, n)
         scores = (q_land @ k.transpose(-1, -2) * scale).add_(padded)
@@ -278,10 +303,11 @@ class NystromLocalAttention(Core):
             a_kernel = a_kernel * rows * rows.transpose(-1, -2)
             b_kernel = b_kernel * rows
         if gpu:  # one program per matrix instead of ~60 launches
-            return k_land, nystrom_gpu.iterative_pinv(a_kernel, self.pinv_iterations), b_kernel
+            z = nystrom_gpu.iterative_pinv(a_kernel, self.pinv_iterations)
+            return q_land, k_land, z, b_kernel, exists
         with torch.autocast(device_type=q.device.type, enabled=False):
             z = iterative_pinv(a_kernel, self.pinv_iterations)
-        return k_land, z, b_kernel
+        return q_land, k_land, z, b_kernel, exists
 
     def heavy(self, b_kernel: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
         """The g heavy keys: indices (B, H, g) and whether each is a real key (B, H, g).
@@ -327,12 +353,21 @@ class NystromLocalAttention(Core):
         ``gpu``: the pseudo-inverse by ``nystrom_gpu`` (no autograd)."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
-        k_land, z, b_kernel = self.landmark_side(q, k, mask, real, gpu)
+        q_land, k_land, z, b_kernel, exists = self.landmark_side(q, k, mask, real, gpu)
         index, heavy_real = self.heavy(b_kernel, real)
         heavy_k = k.gather(2, index[..., None].expand(-1, -1, -1, d))  # (B, H, g, d)
         heavy_v = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
         band_keys = real.to(q.dtype)[:, None, :].expand(b, h, n).scatter(2, index, 0.0)
         reach = band.reach(device=q.device)  # (block, span)
+        routed = None
+        if self.routed_keys:
+            group = routing.nearest_landmark(q, k, q_land, k_land, exists)
+            # A padded key weighs 0 in B' and is never a favourite ahead of a real one.
+            favourites = b_kernel.detach().topk(min(self.routed_keys, n), dim=-1).indices
+            routed = routing.routed_part(
+                q, k, v, group, favourites, k_land, z, b_kernel, band_keys[..., None],
+                band.radius,
+            )  # fmt: skip
         # Heavy keys and landmarks side by side: one product scores both, one weighs both.
         return Parts(
             z=z,
@@ -346,6 +381,7 @@ class NystromLocalAttention(Core):
             band_keys=band_keys[..., None],
             shape=reach.to(q.dtype),
             shape_bias=to_bias(reach, q.dtype),
+            routed=routed,
         )
 
     def chunk(
@@ -371,8 +407,17 @@ class NystromLocalAttention(Core):
         g = parts.heavy_real.shape[-1]
         small = per_query(q_blocks, parts.small_k.transpose(-1, -2))  # heavy, then landmarks
         small[..., :g].add_(parts.heavy_bias)
-        # One shift per query for both parts: it cancels in the ratio, so no gradient needed.
+        # One shift per query for all parts: it cancels in the ratio, so no gradient needed.
         shift = torch.maximum(band_scores.detach().amax(-1), small.detach().amax(-1))[..., None]
+        routed = None
+        if parts.routed is not None:  # its sums, rescaled from its own shift to this one
+            # (zero rows past n: a finite shift there, and nothing to add)
+            r = parts.routed
+            own = band.queries(r.shift, first, stop)
+            shift = torch.maximum(shift, own)
+            scale = (own - shift).exp_()
+            routed = [scale * band.queries(x, first, stop) for x in
+                      (r.mass, r.num, r.kernel, r.kernel_num)]  # fmt: skip
         e_small = (small - shift).clamp_min_(EXP_FLOOR).exp_()
         e_heavy = e_small[..., :g] * parts.heavy_real
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -381,10 +426,15 @@ class NystromLocalAttention(Core):
         # B' on each block's span, on the keys the band scores only.
         windows = band.windows(parts.b_kernel.transpose(-1, -2), first, stop).transpose(-1, -2)
         windows = windows * key_ok
-        w_band, w_small, den = self._weights(
-            p, windows, parts, key_ok, (band_scores, shift), e_heavy
-        )
+        w_band, w_small, den, gate = self._weights(
+            p, windows, parts, key_ok, (band_scores, shift), e_heavy,
+            None if routed is None else routed[2],
+        )  # fmt: skip
         num = (w_band @ v_windows).add_(per_query(w_small, parts.small_v))
+        if routed is not None:
+            mass, routed_num, kernel, kernel_num = routed
+            num = num + routed_num - gate * kernel_num
+            den = den + mass - gate * kernel
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))  # in place: no new buffer
 
     def _weights(
@@ -395,15 +445,18 @@ class NystromLocalAttention(Core):
         key_ok: Tensor,
         band: tuple[Tensor, Tensor],
         e_heavy: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        routed_kernel: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One normaliser over the exact sparse part and Nyström's estimate of the rest: the
         band's weights, the heavy keys' and landmarks' weights side by side (as in
-        ``Parts.small_v``), and the normaliser (B, H, c, block, 1).
+        ``Parts.small_v``), the normaliser without the routed keys' part (B, H, c, block, 1)
+        and the gate (1 where the far field counts, else 0; B, H, c, block, 1).
 
         p: F' pinv(A') (B, H, c, block, m); windows: B' on each block's span, 0 on the keys
         the band does not score (B, H, c, m, span); key_ok: 1 on the keys it scores (B, H, c,
         1, span); band: the band's scores (-inf off its entries) and each query's shift
-        (B, H, c, block, 1); e_heavy: the heavy keys' exact kernel.
+        (B, H, c, block, 1); e_heavy: the heavy keys' exact kernel; routed_kernel: K~'s mass
+        on the routed keys (B, H, c, block, 1), at this shift, or None.
 
         K~ on the band needs only the band's shape (offsets within a block's span) besides
         the windows, so its row sums come from m-sized products (windows @ shape^T) and the
@@ -413,6 +466,8 @@ class NystromLocalAttention(Core):
         band_mass = (p * (windows @ parts.shape.transpose(-1, -2)).transpose(-1, -2)).sum(-1)
         lr_mass = per_query(p, parts.b_mass)  # K~ 1, (B, H, c, block, 1)
         outside = lr_mass - band_mass[..., None] - k_heavy.sum(-1, keepdim=True)
+        if routed_kernel is not None:
+            outside = outside - routed_kernel
         # A non-positive mass estimate outside the support: trust the exact part alone (and
         # every query does without the far field).
         gate = (outside > 0).to(p.dtype) * float(self.far_field)
@@ -424,4 +479,4 @@ class NystromLocalAttention(Core):
         w_small = torch.cat([e_heavy - gate * k_heavy, p_gated], dim=-1)
         # >= the exact mass: the gated K~ adds only a positive remainder.
         den = w_band.sum(-1, keepdim=True) + w_small[..., : -p.shape[-1]].sum(-1, keepdim=True)
-        return w_band, w_small, den + gate * lr_mass
+        return w_band, w_small, den + gate * lr_mass, gate

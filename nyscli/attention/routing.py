@@ -1,0 +1,154 @@
+"""Routed keys for the Nyström-local hybrid: each query scores exactly the keys that its
+landmark query scores highest.
+
+A landmark pair (q~_c, k~_c) stands for a group of tokens (a segment, or a k-means cluster of
+their [q, k] features). Queries of one group score keys alike, so the K keys that q~_c weighs
+most in B' (already formed for the heavy keys and the far field) are a query-dependent choice
+of keys at no extra scoring: every query takes the K favourites of the landmark nearest to it.
+On MiniLM's real attention this is what the band and the global heavy keys miss in layers
+1-2, whose heads attend sparsely to keys that move from query to query
+(docs/results/hybrid.md).
+
+Queries are laid out group by group, each group padded to whole blocks of ``block`` slots, so
+that every block of queries shares one list of K keys: the scores are one batched product per
+block, as the band's are, and a block's keys are gathered once, not once per query.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nyscli.attention.masking import EXP_FLOOR
+
+
+def nearest_landmark(
+    q: Tensor, k: Tensor, q_land: Tensor, k_land: Tensor, exists: Tensor | None
+) -> Tensor:
+    """Each token's group (B, H, n): the landmark pair (q~, k~) nearest to its (q, k) in
+    squared Euclidean distance (k-means' own assignment rule); empty landmarks are never
+    nearest. q, k: (B, H, n, d); q_land, k_land: (B, H, m, d); exists: (B, m) or None."""
+    x = torch.cat([q, k], dim=-1)
+    centres = torch.cat([q_land, k_land], dim=-1)
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every c.
+    dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
+    if exists is not None:
+        dist = dist.masked_fill(~exists[:, None, None, :], math.inf)
+    return dist.argmin(dim=-1)
+
+
+def block_size(n: int, m: int) -> int:
+    """Query slots per block: larger blocks share each gathered key among more queries, but
+    each of the m groups pads up to a whole block (at most m (block - 1) empty slots)."""
+    return max(8, min(64, n // (4 * m)))
+
+
+@dataclass
+class Layout:
+    """Queries grouped by landmark, in blocks of ``block`` slots of one group each.
+
+    slot_token (B, H, P): the token in each slot (n: an empty slot); dest (B, H, n): each
+    token's slot; block_group (B, H, P / block): each block's group (0 for empty blocks).
+    """
+
+    slot_token: Tensor
+    dest: Tensor
+    block_group: Tensor
+    block: int
+
+    @classmethod
+    def of(cls, group: Tensor, m: int, block: int) -> Layout:
+        """The layout of tokens whose groups are ``group`` (B, H, n) in 0..m-1."""
+        b, h, n = group.shape
+        counts = torch.zeros(b, h, m, dtype=torch.long, device=group.device)
+        counts.scatter_add_(2, group, torch.ones_like(group))
+        padded = (counts + block - 1) // block * block
+        starts = padded.cumsum(-1) - padded  # each group's first slot
+        order = group.argsort(dim=-1, stable=True)  # tokens by group, in order within one
+        sorted_group = group.gather(2, order)
+        first = counts.cumsum(-1) - counts  # each group's first place in ``order``
+        place = torch.arange(n, device=group.device).expand(b, h, n)
+        slot_sorted = starts.gather(2, sorted_group) + place - first.gather(2, sorted_group)
+        dest = torch.empty_like(order).scatter_(2, order, slot_sorted)
+        # sum(padded) <= n + m (block - 1): so many blocks always hold every group.
+        slots = (-(-n // block) + m) * block
+        slot_token = torch.full((b, h, slots), n, dtype=torch.long, device=group.device)
+        slot_token.scatter_(2, dest, place)
+        slot_group = torch.zeros(b, h, slots, dtype=torch.long, device=group.device)
+        slot_group.scatter_(2, dest, group)
+        return cls(slot_token, dest, slot_group[..., ::block], block)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """x (B, H, n, c) in slot order, (B, H, blocks, block, c); empty slots read row 0."""
+        index = self.slot_token.clamp_max(x.shape[2] - 1)[..., None].expand(-1, -1, -1, x.shape[-1])
+        return x.gather(2, index).unflatten(2, (-1, self.block))
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """x (B, H, blocks, block, c) back to token order, (B, H, n, c)."""
+        flat = x.flatten(2, 3)
+        return flat.gather(2, self.dest[..., None].expand(-1, -1, -1, flat.shape[-1]))
+
+
+@dataclass
+class Routed:
+    """Each query's routed part, scaled by exp(-shift) (B, H, n, 1 or d_v): ``shift`` at least
+    its largest routed and landmark score; ``mass`` and ``num`` the sums of exp(s - shift)
+    and of exp(s - shift) v over its routed keys; ``kernel`` and ``kernel_num`` the same for
+    Nyström's K~ on those keys (what the far field must not count twice)."""
+
+    shift: Tensor
+    mass: Tensor
+    num: Tensor
+    kernel: Tensor
+    kernel_num: Tensor
+
+
+def routed_part(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: Tensor,
+    favourites: Tensor,
+    landmark_keys: Tensor,
+    z: Tensor,
+    b_kernel: Tensor,
+    key_ok: Tensor,
+    radius: int,
+) -> Routed:
+    """The routed part of every query (``Routed``), O(n K (d + d_v + m)).
+
+    q, k: (B, H, n, d), v: (B, H, n, d_v); group: each query's landmark (B, H, n);
+    favourites: each landmark's K keys (B, H, m, K); landmark_keys k~ (B, H, m, d); z =
+    pinv(A') (B, H, m, m); b_kernel B' (B, H, m, n); key_ok: 1 for the keys a routed entry may
+    score (real, not heavy), else 0 (B, H, n, 1). A routed key within ``radius`` of its query
+    is the band's and is left out here, so no pair is counted twice.
+    """
+    b, h, n, d = q.shape
+    m, keys = favourites.shape[-2:]
+    layout = Layout.of(group, m, block_size(n, m))
+    blocks = layout.block_group.shape[-1]
+    index = favourites.gather(2, layout.block_group[..., None].expand(-1, -1, -1, keys))
+
+    def per_block(x: Tensor) -> Tensor:  # (B, H, n, c) -> the blocks' keys' rows
+        flat = index.flatten(2, 3)[..., None].expand(-1, -1, -1, x.shape[-1])
+        return x.gather(2, flat).view(b, h, blocks, keys, x.shape[-1])
+
+    k_r, v_r = per_block(k), per_block(v)
+    b_r = per_block(b_kernel.transpose(-1, -2))  # B' on each block's keys (B, H, blocks, K, m)
+    position = layout.slot_token.view(b, h, blocks, layout.block, 1)
+    ok = per_block(key_ok).transpose(-1, -2) * ((position - index[..., None, :]).abs() > radius)
+    queries = layout.rows(q) / math.sqrt(d)  # (B, H, blocks, block, d)
+    scores = (queries @ k_r.transpose(-1, -2)).masked_fill(ok == 0, -math.inf)
+    land = queries.flatten(2, 3) @ landmark_keys.transpose(-1, -2)
+    land = land.view(b, h, blocks, layout.block, m)
+    shift = torch.maximum(scores.detach().amax(-1), land.detach().amax(-1))[..., None]
+    e = (scores - shift).clamp_min(EXP_FLOOR).exp() * ok
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        f = (land - shift).clamp_min(EXP_FLOOR).exp().to(z.dtype)
+        p = (f.flatten(2, 3) @ z).view(b, h, blocks, layout.block, m).to(e.dtype)
+    kernel = (p @ b_r.transpose(-1, -2)) * ok  # K~ on the routed entries
+    parts = (shift, e.sum(-1, keepdim=True), e @ v_r, kernel.sum(-1, keepdim=True), kernel @ v_r)
+    return Routed(*(layout.tokens(x) for x in parts))
