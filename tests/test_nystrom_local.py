@@ -188,19 +188,25 @@ def test_budget_128_is_nystrom_64_longformer_129_and_the_measured_hybrid_split()
     assert pairs_per_query({"name": "softmax"}) is None
 
 
-@pytest.mark.parametrize("pairs", [32, 64, 128, 256])
-@pytest.mark.parametrize("method", ["hybrid_band_heavy", "hybrid_landmarks_heavy"])
-def test_the_ablations_cost_the_budget_and_drop_their_part(method, pairs):
-    """approx-error's ablation rows: the hybrid without its far field (band + heavy keys) or
-    without its band (landmarks + heavy keys), each at exactly the budget's pairs."""
+@pytest.mark.parametrize("pairs", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("method", ["hybrid_band_heavy", "hybrid_landmarks_heavy", "hybrid_routed"])
+def test_the_hybrid_forms_cost_the_budget_and_drop_their_part(method, pairs):
+    """approx-error's other hybrid rows, each at exactly the budget's pairs: without its far
+    field (band + heavy keys), without its band (landmarks + heavy keys), and routed (k-means
+    landmarks, routed keys in place of heavy keys, w 9, m 24, K 72 at 128)."""
     from nyscli.experiments.approx_error.methods import core_config
 
     config = core_config(method, pairs, 512, {}, seed=0, unit="pairs")
     assert pairs_per_query(config) == pairs
     if method == "hybrid_band_heavy":
         assert config["far_field"] is False and config["window"] > 1 and config["heavy_keys"] > 0
-    else:
+    elif method == "hybrid_landmarks_heavy":
         assert config["window"] == 1 and config.get("far_field", True)
+    else:
+        assert config["heavy_keys"] == 0 and config["routed_keys"] > 0
+        assert config["landmarks"] == "kmeans"
+    if method == "hybrid_routed" and pairs == 128:
+        assert (config["window"], config["num_landmarks"], config["routed_keys"]) == (9, 24, 72)
     assert config["name"] == "nystrom_local"
 
 

@@ -159,7 +159,9 @@ def test_an_attention_option_added_since_a_run_reads_at_the_value_that_run_had(t
     assert "recompute" not in upgrade_recorded(softmax, "finetune").attention
     # A hybrid recorded before far_field existed ran with its far field.
     hybrid = OmegaConf.create({"attention": {"name": "nystrom_local", "window": 65}})
-    assert upgrade_recorded(hybrid, "lra").attention.far_field is True
+    upgraded = upgrade_recorded(hybrid, "lra").attention
+    assert upgraded.far_field is True and upgraded.routed_keys == 0
+    assert upgraded.landmarks == "segment_means"
 
 
 def test_a_setting_added_since_a_run_reads_at_the_value_that_run_had():

@@ -38,7 +38,13 @@ RENAMED: dict[str, dict[str, str]] = {
 ADDED_OPTIONS: dict[str, dict[str, object]] = {
     "nystrom": {"recompute": False},
     "softmax": {"dropout": 0.0},
-    "nystrom_local": {"far_field": True},
+    "nystrom_local": {
+        "far_field": True,
+        "routed_keys": 0,
+        "landmarks": "segment_means",
+        "kmeans_iterations": 5,
+        "seed": 0,
+    },
 }
 # Other settings added since, per command, at the value the runs recorded without them ran
 # with. Unlike an attention option, such a default may differ: lra's model.init is torch.

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from nyscli.attention import budget_key, build_attention, config_at_pairs, core_class
+from nyscli.attention.nystrom_local import NystromLocalAttention
 from nyscli.errors import UserInputError
 from nyscli.rules import show
 
@@ -50,15 +51,20 @@ def _landmarks_heavy(pairs: int) -> dict[str, Any]:
     return {"window": 1, "num_landmarks": m, "heavy_keys": max(0, pairs - 2 * m)}
 
 
-# The hybrid's parts without the third, at the same budget: what each part buys. (The band
-# alone is longformer.)
-ABLATIONS = {"hybrid_band_heavy": _band_heavy, "hybrid_landmarks_heavy": _landmarks_heavy}
+# Other forms of the hybrid at the same budget: its parts without the third (what each part
+# buys; the band alone is longformer), and its routed design (k-means landmarks, each query
+# scoring its routed keys).
+HYBRID_FORMS = {
+    "hybrid_band_heavy": _band_heavy,
+    "hybrid_landmarks_heavy": _landmarks_heavy,
+    "hybrid_routed": NystromLocalAttention.routed_at_pairs,
+}
 # landmarks: a budget is Nyström's m (the paper's axis); pairs: scored pairs per query for all.
 BUDGET_UNITS = ("landmarks", "pairs")
 BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
-METHODS = (*NYSTROM_VARIANTS, *RIVALS, *ABLATIONS)
+METHODS = (*NYSTROM_VARIANTS, *RIVALS, *HYBRID_FORMS)
 # What a row is, where its error is not the method's best: its rivals run untrained here (a
 # trained model would learn Linformer's projections; Performer's features are a random draw),
 # a window sees only nearby keys (on a smooth source most of the mass lies outside it), and the
@@ -70,6 +76,7 @@ NOTES = {
     "linear": "elu+1 kernel, not softmax",
     "hybrid_band_heavy": "ablation: no far field",
     "hybrid_landmarks_heavy": "ablation: no band",
+    "hybrid_routed": "routed keys",
     "uniform": "trivial baseline",
     "svd": "best rank m (needs S)",
 }
@@ -85,6 +92,8 @@ FOOTNOTES = {
     "(landmarks only pick the heavy keys), at the same budget",
     "ablation: no band": "hybrid_landmarks_heavy: the hybrid's landmarks and heavy keys, no "
     "band, at the same budget",
+    "routed keys": "hybrid_routed: the hybrid with k-means landmarks, each "
+    "query scoring the keys its nearest landmark favours, a narrow band, at the same budget",
     "pinv floor": "pinv floor: an exact pinv would more than halve the error; raise "
     "attention.pinv_iterations or set attention.pinv_tolerance",
 }
@@ -97,7 +106,7 @@ BLOCK_ENTRIES = 1 << 25
 def core_name(method: str) -> str:
     """The registered attention core a method runs on (``nystrom`` for every variant,
     ``nystrom_local`` for its ablations)."""
-    if method in ABLATIONS:
+    if method in HYBRID_FORMS:
         return "nystrom_local"
     return "nystrom" if method in NYSTROM_VARIANTS else method
 
@@ -165,8 +174,8 @@ def core_config(
         if NYSTROM_VARIANTS[method] is not None:
             config["landmarks"] = NYSTROM_VARIANTS[method]
         return config
-    if method in ABLATIONS:
-        return {"name": "nystrom_local", **ABLATIONS[method](budget)}
+    if method in HYBRID_FORMS:
+        return {"name": "nystrom_local", **HYBRID_FORMS[method](budget)}
     if method not in METHODS:
         raise ValueError(f"unknown approximation method {method!r}")
     config: dict[str, Any] = {"name": method}
