@@ -26,6 +26,7 @@ from nyscli.data.common import read_text_file
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.approx_error import cache as source_cache
+from nyscli.experiments.approx_error import fidelity as approx_fidelity
 from nyscli.experiments.approx_error import memory as approx_memory
 from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
@@ -34,6 +35,7 @@ from nyscli.experiments.approx_error.metrics import METRIC_LABELS
 from nyscli.experiments.approx_error.progress import ProgressLog, log_to_file
 from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
 from nyscli.experiments.approx_error.summary import per_layer, row_note, summarise
+from nyscli.files import atomic_writer
 from nyscli.train.resources import resolve_device
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ RULES: dict[str, schema.Rule] = {
     "device": schema.DEVICE,
     "plots": schema.Bool(),
     "checkpoint": schema.Text(null=True),
+    "fidelity.path": schema.Text(null=True),
+    "fidelity.max_texts": schema.Int(low=2),
 }
 
 
@@ -130,6 +134,8 @@ def validate(cfg: DictConfig) -> None:
             check_checkpoint_spec(spec, "checkpoint")
         elif not Path(spec).expanduser().is_dir():
             raise UserInputError(f"checkpoint={spec} is not a folder, minilm or hf:<...>")
+    if cfg.fidelity.path is not None:
+        fidelity_texts(cfg)  # refused before the run: no such file, fewer than 2 texts
     if cfg.source == "minilm":
         if seq_len(cfg) > sources.MINILM_MAX_TOKENS:
             raise UserInputError(
@@ -172,6 +178,63 @@ def check_memory(cfg: DictConfig) -> None:
 # so 64 leaves room for long words and 4-byte characters; a file of any size is read only
 # that far (a 300 MB file used to be tokenized whole: 12 GB, then a native crash).
 TEXT_BYTES_PER_TOKEN = 64
+
+
+def fidelity_texts(cfg: DictConfig) -> list[str]:
+    """The texts of ``fidelity.path`` (paragraphs, at most ``fidelity.max_texts``); one-line
+    errors for a run that cannot have them."""
+    if cfg.source != "checkpoint":
+        raise UserInputError(
+            f"fidelity.path={cfg.fidelity.path} needs source=checkpoint (an encoder whose "
+            f"embeddings to compare); source={cfg.source} has none"
+        )
+    limit = TEXT_BYTES_PER_TOKEN * seq_len(cfg) * int(cfg.fidelity.max_texts)
+    text = read_text_file(Path(cfg.fidelity.path), "fidelity.path", limit_bytes=limit)
+    texts = approx_fidelity.paragraphs(text, int(cfg.fidelity.max_texts))
+    if len(texts) < 2:
+        raise UserInputError(
+            f"fidelity.path={cfg.fidelity.path} holds {len(texts)} text; nearest neighbours "
+            "need at least 2 (texts are separated by blank lines)"
+        )
+    return texts
+
+
+def measure_fidelity(
+    cfg: DictConfig, cores: dict[tuple[str, int | None], torch.nn.Module], console: Console
+) -> pd.DataFrame:
+    """``fidelity.fidelity`` of every core on the texts of ``fidelity.path``, read by the
+    checkpoint's encoder in the run's dtype."""
+    from nyscli.checkpoints.capture import load_encoder
+
+    texts = fidelity_texts(cfg)
+    encoder, tokenizer = load_encoder(str(cfg.checkpoint))
+    encoder = encoder.to(DTYPES[cfg.dtype])
+    total = len(cores) + 1
+    done = iter(range(1, total + 1))
+    with heartbeat(log, "approx-error: fidelity") as beat:
+        return approx_fidelity.fidelity(
+            encoder, tokenizer, texts, seq_len(cfg), cores,
+            lambda label: beat.say(f"fidelity {next(done)}/{total}: {label}"),
+        )  # fmt: skip
+
+
+def fidelity_table(frame: pd.DataFrame, symbol: str = "m") -> Table:
+    """The fidelity rows as a table (cosine to exact, nearest-neighbour agreement); ``symbol``
+    heads the budget column, as in the error tables."""
+    texts = int(frame.texts.iloc[0])
+    table = Table(
+        title=f"embeddings vs exact attention ({texts} texts; a random neighbour agrees "
+        f"{1 / (texts - 1):.1%})"
+    )
+    for column in ("method", symbol, "cosine mean", "cosine min", "same nearest neighbour"):
+        table.add_column(column)
+    for row in frame.itertuples():
+        budget = "—" if pd.isna(row.budget) else str(row.budget)
+        table.add_row(
+            escape(str(row.method)), budget, f"{row.cosine_mean:.4f}", f"{row.cosine_min:.4f}",
+            f"{row.nn_agreement:.1%}",
+        )  # fmt: skip
+    return table
 
 
 def text_bytes(cfg: DictConfig) -> int:
@@ -325,6 +388,13 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     cache.report()
 
     df = results_frame(records, cfg, n, d)
+    if cfg.fidelity.path is not None:
+        fidelity = measure_fidelity(cfg, cores, console)
+        with atomic_writer(run_dir / "fidelity.csv", "w") as handle:
+            fidelity.to_csv(handle, index=False)
+        table = fidelity_table(fidelity, budget_symbol(df))
+        console.print(table)
+        log_to_file(table)
     if not cfg.plots:
         return df
     plots.error_vs_budget(df, run_dir / "error_vs_budget.png")
