@@ -288,3 +288,19 @@ def test_the_routing_layout_gives_each_token_one_slot_in_a_block_of_its_group():
     assert torch.equal(layout.block_group.gather(2, block_of), group)  # blocks of one group
     x = torch.randn(2, 3, 37, 2, dtype=torch.float64)
     assert torch.equal(layout.tokens(layout.rows(x)), x)
+
+
+def test_the_routed_attention_config_is_the_routed_split_at_128_pairs():
+    """attention=nystrom_local_routed (for training and deployment) is approx-error's
+    hybrid_routed at 128 pairs: one rule, ``routed_at_pairs``."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module("nyscli.conf", version_base=None):
+        cfg = compose("finetune", overrides=["attention=nystrom_local_routed"])
+    attention = OmegaConf.to_container(cfg.attention)
+    expected = config_at_pairs(
+        "nystrom_local", 128
+    ) | nystrom_local.NystromLocalAttention.routed_at_pairs(128)
+    assert {key: attention[key] for key in expected} == expected
+    assert pairs_per_query(attention) == 128
