@@ -266,6 +266,21 @@ def test_import_finetune_then_evaluate_only_with_other_attentions(run_nys, tmp_p
     report = run_nys("report", *map(str, sweeps), "--out", str(out))
     assert report.returncode == 0, report.stderr[-2000:]
     assert "Direct deployment" in report.stdout
+    # each evaluation's predictions, example by example; the report's share of predictions
+    # equal to the trained attention's, here computed again from the files
+    predictions = {
+        pd.read_csv(f.parent / "results.csv").attention[0]: pd.read_csv(f)
+        for f in (tmp_path / "outputs" / "finetune" / "multirun").rglob("predictions.csv")
+    }
+    own = predictions["softmax (SDPA)"]
+    assert list(own.example) == list(range(16)) and own.label.isin([0, 1]).all()
+    assert (own.predicted == own.label).mean() == pytest.approx(best)
+    agree = (predictions["nystrom-2"].predicted == own.predicted).mean()
+    assert (predictions["nystrom-64"].predicted == own.predicted).all()  # exact here
+    assert "same as trained %" in report.stdout
+    table = report.stdout[report.stdout.index("Direct deployment") :]
+    nystrom_2 = next(line for line in table.splitlines() if "nystrom-2 " in line)
+    assert f"{100 * agree:.2f}" in nystrom_2, (agree, nystrom_2)
     assert (out.parent / "deployment.png").stat().st_size > 1000
     # deployed with a conv skip fitted on 8 training sentences (not a sweep: its own folder)
     fitted = run_nys("finetune", f"eval_only={run_dir}", "attention=nystrom",

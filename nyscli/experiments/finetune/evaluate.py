@@ -8,7 +8,9 @@ with). Only ``task.test_examples``, ``data.path``, ``threads``, ``device`` and
 GLUE its dev splits. A sweep such as
 ``nys finetune -m eval_only=<run> attention=nystrom attention.num_landmarks=16,32,64``
 gives one row per attention; ``nys report <sweep>`` draws ``deployment.png`` (accuracy vs
-budget per attention, with the run's own attention as the reference line).
+budget per attention, with the run's own attention as the reference line). Each job writes its
+predictions, and the report's table gives each row's share of predictions equal to those of
+the run's own attention where that evaluation is among the runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 from torch.utils.data import Subset
@@ -46,6 +49,7 @@ from nyscli.experiments.finetune.tasks import (
 )
 from nyscli.experiments.renamed import upgrade_recorded
 from nyscli.experiments.training import baseline_fields, class_balance
+from nyscli.files import atomic_writer
 from nyscli.models.bert import load_across_attention
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.plots import pyplot, save_figure
@@ -65,6 +69,7 @@ from nyscli.train import (
 )
 
 DEPLOYMENT_PLOT = "deployment.png"
+PREDICTIONS = "predictions.csv"
 # Keys of the current command line that may differ from the evaluated run's config.
 OWN_KEYS = ("task.test_examples", "data.path")
 
@@ -99,11 +104,59 @@ def _merged(cfg: DictConfig, trained: DictConfig) -> DictConfig:
     return merged
 
 
-def _evaluate(trainer: Trainer, batches: Iterable[Any]) -> dict[str, float]:
+def _evaluate(trainer: Trainer, batches: Iterable[Any]) -> tuple[dict[str, float], np.ndarray]:
+    """The evaluation's summary and each example's predicted class, in the batches' order."""
     started = time.perf_counter()
-    summary = trainer.evaluate(batches)
+    predicted: list[torch.Tensor] = []
+    hook = trainer.model.register_forward_hook(
+        lambda _module, _args, logits: predicted.append(logits.detach().argmax(-1).cpu())
+    )
+    try:
+        summary = trainer.evaluate(batches)
+    finally:
+        hook.remove()
     summary["eval_s"] = time.perf_counter() - started
-    return summary
+    return summary, torch.cat(predicted).numpy() if predicted else np.zeros(0, dtype=int)
+
+
+def write_predictions(path: Path, ordered: Subset, predicted: np.ndarray) -> None:
+    """``predictions.csv``: each evaluated example (its place in the evaluated set, which the
+    same seed and subset size give every evaluation of the run), its label and the class
+    predicted, so evaluations with different attentions compare example by example."""
+    frame = pd.DataFrame(
+        {"example": ordered.indices, "label": ordered.labels, "predicted": predicted}
+    ).sort_values("example")
+    with atomic_writer(path, "w") as handle:
+        frame.to_csv(handle, index=False)
+
+
+def agreement(df: pd.DataFrame) -> pd.Series:
+    """For evaluate-only rows with run folders (``run_dir``, as ``nys report`` gives them): the
+    share of examples whose prediction equals that of the evaluation of the same run, split
+    and examples with the attention it was trained with; NaN where there is none to compare
+    with (or a predictions file is missing)."""
+    shares = pd.Series(math.nan, index=df.index)
+    if "run_dir" not in df:
+        return shares
+
+    def predicted(run_dir: Any) -> pd.Series | None:
+        path = Path(str(run_dir)) / PREDICTIONS
+        try:
+            return pd.read_csv(path).set_index("example")["predicted"]
+        except (OSError, ValueError, KeyError, pd.errors.ParserError):
+            return None
+
+    keys = ["eval_of", "split", "examples"]
+    for _, group in df.groupby(keys):
+        own = group[group.attention == group.trained_attention]
+        reference = predicted(own.run_dir.iloc[0]) if len(own) else None
+        if reference is None:
+            continue
+        for index, run_dir in group.run_dir.items():
+            mine = predicted(run_dir)
+            if mine is not None and mine.index.equals(reference.index):
+                shares[index] = float((mine == reference).mean())
+    return shares
 
 
 def by_length(dataset: EncodedExamples, limit: int | None = None) -> Subset:
@@ -157,7 +210,10 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     balances: dict[str, ClassBalance | None] = {}
     for split in splits:
         encoded = encode_examples(examples[split], start.tokenizer, max_len)
-        results[split] = _evaluate(trainer, eval_batches(by_length(encoded), size, collate))
+        ordered = by_length(encoded)
+        results[split], predicted = _evaluate(trainer, eval_batches(ordered, size, collate))
+        if split == splits[0]:
+            write_predictions(run_dir / PREDICTIONS, ordered, predicted)
         results[split]["examples"] = len(encoded)
         balances[split] = class_balance(f"{split} set", encoded.labels, num_classes(task))
         trainer.metrics.append(0, split, {k: results[split][k] for k in metric_names(task)})
@@ -232,9 +288,13 @@ def deployment_table(df: pd.DataFrame) -> Table:
         ("split", lambda r: f"{r.split} ({r.examples})"),
         ("accuracy %", lambda r: pct(r.accuracy)),
         ("majority %", lambda r: pct(r.majority_rate)),
+        ("same as trained %", lambda r: "—" if math.isnan(r.agreement) else pct(r.agreement)),
         ("flag", lambda r: flag_text(getattr(r, "flag", None))),
         ("eval tok/s", lambda r: f"{r.eval_tokens_per_s:,.0f}"),
         ("peak MB", lambda r: f"{r.peak_mb:,.0f}"),
     ]
+    df = df.assign(agreement=agreement(df))
+    if df.agreement.isna().all():  # one job's own table, or runs from before predictions.csv
+        columns = [c for c in columns if c[0] != "same as trained %"]
     df = df.sort_values(["attention_name", "landmarks", "budget"], na_position="first")
     return rows_table("Direct deployment (no retraining)", df, columns, {"task", "attention"})
