@@ -9,6 +9,12 @@ and measures the choice on the others, the held-out ones. No gradient step; noth
 written into the project.
 
     .venv/bin/python scripts/hybrid_splits.py --out /tmp/splits   # about 2 minutes, 2 cores
+    .venv/bin/python scripts/hybrid_splits.py --routed --out /tmp/routed   # about 6 minutes
+
+``--routed`` scores the routed design's splits instead: k-means landmarks of the queries, each query also
+scoring its nearest landmark's K favourite keys (``routed_keys``), w - 1 + 2 m + g + K = budget
+for w in 1, 9, 17, 33, m in 16, 24, 32 and g in 0, 8 (24 splits); the best of them on the
+calibration sequences is ``NystromLocalAttention.routed_at_pairs``.
 
 Prints one table, last: the pooled output error (mean over heads of ||SV - ŜV|| / ||SV||,
 as ``nys approx-error`` reports it) of the default split, the best split for all heads, a
@@ -38,7 +44,7 @@ from nyscli.experiments.approx_error.sources import minilm  # noqa: E402
 
 IMDB = ROOT.parent / "shared" / "data" / "imdb" / "aclImdb_v1_labeled.csv.gz"
 LANDMARKS = (1, 4, 8, 12, 16, 24, 32, 48, 64)  # m >= 1: the heavy keys come from its kernel
-KEYS = ["layer", "head", "w", "m", "g"]
+KEYS = ["layer", "head", "w", "m", "g", "r"]
 
 
 def imdb_text(reviews: int, seed: int) -> str:
@@ -49,21 +55,33 @@ def imdb_text(reviews: int, seed: int) -> str:
     return "\n\n".join(text.replace("<br />", " ") for text in test.review)
 
 
-def splits(budget: int, step: int) -> list[tuple[int, int, int]]:
-    """(w, m, g) with w - 1 + 2 m + g = budget: the band in steps of ``step`` pairs."""
+def splits(budget: int, step: int) -> list[tuple[int, int, int, int]]:
+    """(w, m, g, 0) with w - 1 + 2 m + g = budget: the band in steps of ``step`` pairs."""
     out = []
     for band in range(0, budget + 1, step):
         for m in LANDMARKS:
             g = budget - band - 2 * m
             if g >= 0:
-                out.append((band + 1, m, g))
+                out.append((band + 1, m, g, 0))
+    return out
+
+
+def routed_splits(budget: int) -> list[tuple[int, int, int, int]]:
+    """(w, m, g, K) with w - 1 + 2 m + g + K = budget, K > 0 routed keys (budget 128: 24)."""
+    out = []
+    for band in (0, budget // 16, budget // 8, budget // 4):
+        for m in (budget // 8, budget * 3 // 16, budget // 4):
+            for g in (0, budget // 16):
+                routed = budget - band - 2 * m - g
+                if routed > 0:
+                    out.append((band + 1, m, g, routed))
     return out
 
 
 # Not a split: each query's own best keys (its largest scores, itself included), exact
 # softmax over them, nothing for the rest. No sparse support of that size does better, so it
 # says what the far field (the landmarks' part) must add.
-TOP_KEYS = (0, 0, 0)
+TOP_KEYS = (0, 0, 0, 0)
 
 
 def top_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -77,7 +95,9 @@ def top_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
     return top.softmax(-1) @ v
 
 
-def score(budget: int, step: int, sequences: int, reviews: int, seed: int) -> pd.DataFrame:
+def score(
+    budget: int, step: int, sequences: int, reviews: int, seed: int, routed: bool = False
+) -> pd.DataFrame:
     """One row per layer, sequence, head and split: its relative output error."""
     rows = []
     started = time.monotonic()
@@ -87,25 +107,28 @@ def score(budget: int, step: int, sequences: int, reviews: int, seed: int) -> pd
         exact = SoftmaxAttention()(q, k, v, mask)
         real = mask[:, None, :, None].double()  # (B, 1, n, 1): pads are no rows
         norm = (exact * real).pow(2).sum(dim=(2, 3)).sqrt()  # (B, H)
-        candidates = {(w, m, g): NystromLocalAttention(num_landmarks=m, window=w, heavy_keys=g)
-                      for w, m, g in splits(budget, step)}  # fmt: skip
+        family = routed_splits(budget) if routed else splits(budget, step)
+        landmarks = "query_kmeans" if routed else "segment_means"
+        candidates = {(w, m, g, r): NystromLocalAttention(num_landmarks=m, window=w, heavy_keys=g,
+                                                          routed_keys=r, landmarks=landmarks)
+                      for w, m, g, r in family}  # fmt: skip
         candidates[TOP_KEYS] = lambda q, k, v, mask: top_keys(q, k, v, mask, budget + 1)
-        for (w, m, g), attention in candidates.items():
+        for (w, m, g, r), attention in candidates.items():
             out = attention(q, k, v, mask)
             error = ((out - exact) * real).pow(2).sum(dim=(2, 3)).sqrt() / norm
             for b, h in torch.cartesian_prod(torch.arange(q.shape[0]), torch.arange(q.shape[1])):
-                rows.append((layer, int(b), int(h), w, m, g, float(error[b, h])))
+                rows.append((layer, int(b), int(h), w, m, g, r, float(error[b, h])))
         print(f"layer {layer}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return pd.DataFrame(rows, columns=["layer", "sequence", "head", "w", "m", "g", "error"])
+    return pd.DataFrame(rows, columns=["layer", "sequence", "head", "w", "m", "g", "r", "error"])
 
 
 def chosen(calibration: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """The split of least mean error over the calibration rows, per ``by`` group (one split
     for all heads when ``by`` is empty)."""
-    mean = calibration.groupby([*by, "w", "m", "g"]).error.mean().reset_index()
+    mean = calibration.groupby([*by, "w", "m", "g", "r"]).error.mean().reset_index()
     if not by:
-        return mean.nsmallest(1, "error")[["w", "m", "g"]]
-    return mean.loc[mean.groupby(by).error.idxmin(), [*by, "w", "m", "g"]]
+        return mean.nsmallest(1, "error")[["w", "m", "g", "r"]]
+    return mean.loc[mean.groupby(by).error.idxmin(), [*by, "w", "m", "g", "r"]]
 
 
 def main() -> int:
@@ -116,22 +139,30 @@ def main() -> int:
     parser.add_argument("--sequences", type=int, default=13, help="512-token sequences read")
     parser.add_argument("--calibration", type=int, default=6, help="the first N calibrate")
     parser.add_argument("--seed", type=int, default=0, help="the reviews' random_state")
+    parser.add_argument("--routed", action="store_true", help="the routed design's splits")
     parser.add_argument("--out", type=Path, required=True, help="folder for the CSVs")
     args = parser.parse_args()
     if not IMDB.is_file():
         print(f"error: {IMDB} is missing (the IMDB data beside the checkout)", file=sys.stderr)
         return 2
-    errors = score(args.budget, args.step, args.sequences, args.reviews, args.seed)
+    errors = score(args.budget, args.step, args.sequences, args.reviews, args.seed, args.routed)
     args.out.mkdir(parents=True, exist_ok=True)
     errors.to_csv(args.out / "errors.csv", index=False)
-    bound = errors[(errors.w == 0) & (errors.m == 0) & (errors.g == 0)]
+    bound = errors[(errors.w == 0) & (errors.m == 0) & (errors.g == 0) & (errors.r == 0)]
     errors = errors.drop(bound.index)
     calibration = errors[errors.sequence < args.calibration]
     held = errors[errors.sequence >= args.calibration]
-    default = NystromLocalAttention.at_pairs(args.budget)
-    split = (default["window"], default["num_landmarks"], default["heavy_keys"])
-    rows = {f"default split w{split[0]} m{split[1]} g{split[2]}": held[
-        (held.w == split[0]) & (held.m == split[1]) & (held.g == split[2])]}  # fmt: skip
+    if args.routed:
+        default = NystromLocalAttention.routed_at_pairs(args.budget)
+        name = "routed_at_pairs split"
+    else:
+        default = NystromLocalAttention.at_pairs(args.budget)
+        name = "default split"
+    split = (default["window"], default["num_landmarks"], default["heavy_keys"],
+             default.get("routed_keys", 0))  # fmt: skip
+    rows = {f"{name} w{split[0]} m{split[1]} g{split[2]} K{split[3]}": held[
+        (held.w == split[0]) & (held.m == split[1]) & (held.g == split[2])
+        & (held.r == split[3])]}  # fmt: skip
     per_head = chosen(calibration, ["layer", "head"])
     per_head.to_csv(args.out / "choice.csv", index=False)
     for label, choice in (
@@ -151,8 +182,12 @@ def main() -> int:
         }  # fmt: skip
     ).T.round(3)
     held_out = held.sequence.nunique()
-    print(f"budget {args.budget}; {len(LANDMARKS)} landmark counts x bands in steps of "
-          f"{args.step}; held-out: {held_out} sequences x 6 layers x 12 heads")  # fmt: skip
+    family = (f"{len(routed_splits(args.budget))} routed splits (query k-means landmarks)" if args.routed
+              else f"{len(LANDMARKS)} landmark counts x bands in steps of {args.step}")  # fmt: skip
+    best = chosen(calibration, []).iloc[0]
+    print(f"budget {args.budget}; {family}; held-out: {held_out} sequences x 6 layers x 12 "
+          f"heads; best on the calibration sequences: w {best.w}, m {best.m}, g {best.g}, "
+          f"K {best.r}")  # fmt: skip
     print(table.to_string())
     return 0
 

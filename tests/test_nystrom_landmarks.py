@@ -73,3 +73,32 @@ def test_bad_landmark_options_are_one_line_errors() -> None:
         build_attention({"name": "nystrom", "landmarks": "grid"})
     with pytest.raises(AttentionConfigError, match="kmeans_iterations=-1"):
         build_attention({"name": "nystrom", "kmeans_iterations": -1})
+
+
+def test_query_kmeans_is_lloyd_on_a_sample_of_the_queries_then_means_over_all_tokens(
+    monkeypatch,
+) -> None:
+    """Written out for one head with loops: Lloyd's steps from the queries' segment means on
+    every s-th token, then each token to its nearest centre, q~ and k~ the clusters' means."""
+    from nyscli.attention import landmarks
+
+    monkeypatch.setattr(landmarks, "QUERY_KMEANS_SAMPLE", 2)  # 50 tokens, m 5: every 5th
+    q, k, _, _ = qkv_mask()
+    q_land, k_land, exists = landmarks.query_kmeans(q, k, 5, None, iterations=3)
+    assert exists is None
+    for b, h in ((0, 0), (1, 2)):
+        x, y = q[b, h], k[b, h]
+        centres = torch.stack([x[10 * i : 10 * i + 10].mean(0) for i in range(5)])
+        sample = x[::5]
+        for _ in range(3):
+            near = torch.cdist(sample, centres).argmin(-1)
+            centres = torch.stack([sample[near == c].mean(0) if (near == c).any() else centres[c]
+                                   for c in range(5)])  # fmt: skip
+        near = torch.cdist(x, centres).argmin(-1)
+        for c in range(5):
+            if (near == c).any():
+                torch.testing.assert_close(q_land[b, h, c], x[near == c].mean(0))
+                torch.testing.assert_close(k_land[b, h, c], y[near == c].mean(0))
+    # deterministic: no draw
+    again = landmarks.query_kmeans(q, k, 5, None, iterations=3)[0]
+    assert torch.equal(q_land, again)

@@ -30,7 +30,7 @@ def reference(
     """One head, no padding, m dividing n: the formula of the class doc with dense matrices.
 
     W = exp(S) on the band, the g heavy keys and the ``routed`` keys of each query (the
-    largest B' entries of the landmark pair nearest its [q, k]), K~ = F pinv(A) B elsewhere
+    largest B' entries of the landmark query nearest it), K~ = F pinv(A) B elsewhere
     (zeroed for a query whose K~ mass off the support is not positive, and everywhere without
     the far field); out = W v / W 1. ``landmarks``: (q~, k~), segment means if None.
     """
@@ -49,7 +49,7 @@ def reference(
     support = (pos[:, None] - pos[None, :]).abs() <= (window - 1) // 2
     support[:, b.amax(0).topk(g).indices] = True
     if routed:
-        nearest = torch.cdist(torch.cat([q, k], -1), torch.cat([q_land, k_land], -1)).argmin(-1)
+        nearest = torch.cdist(q, q_land).argmin(-1)
         support[torch.arange(n)[:, None], b.topk(routed).indices[nearest]] = True
     outside = torch.where(support, 0.0, kernel)
     outside = outside * (outside.sum(-1, keepdim=True) > 0) * far
@@ -204,7 +204,7 @@ def test_the_hybrid_forms_cost_the_budget_and_drop_their_part(method, pairs):
         assert config["window"] == 1 and config.get("far_field", True)
     else:
         assert config["heavy_keys"] == 0 and config["routed_keys"] > 0
-        assert config["landmarks"] == "kmeans"
+        assert config["landmarks"] == "query_kmeans"
     if method == "hybrid_routed" and pairs == 128:
         assert (config["window"], config["num_landmarks"], config["routed_keys"]) == (9, 24, 72)
     assert config["name"] == "nystrom_local"
@@ -248,7 +248,7 @@ def test_routed_keys_follow_k_means_landmarks():
     assert core.label() == "nystrom_local-w3-m5-kmeans-g2-r6"
 
 
-@pytest.mark.parametrize("landmarks", ["segment_means", "kmeans"])
+@pytest.mark.parametrize("landmarks", ["segment_means", "kmeans", "query_kmeans"])
 def test_routed_keys_padding_never_changes_a_sequence_and_rows_sum_to_one(landmarks):
     # g >= m: each landmark's favourite weighs exactly 1 in B', and fewer heavy keys than
     # landmarks would break that tie by rounding, which padding moves.

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-LANDMARK_METHODS = ("segment_means", "random", "kmeans")
+LANDMARK_METHODS = ("segment_means", "random", "kmeans", "query_kmeans")
+# query_kmeans runs Lloyd's steps on about this many tokens per landmark, evenly spaced: its
+# cost per step is then O(m^2 d) whatever n (at n = 8,192 and m = 24, k-means of [q, k] over
+# every token took more time than the rest of the Nyström-local hybrid).
+QUERY_KMEANS_SAMPLE = 16
 
 
 def segment_ids(n: int, m: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
@@ -135,6 +139,49 @@ def kmeans_groups(
     return centres[..., :d], centres[..., d:], exists
 
 
+def query_kmeans(
+    q: Tensor, k: Tensor, m: int, key_padding_mask: Tensor | None, iterations: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Landmarks = means of q and of k over m k-means clusters of the queries alone.
+
+    Lloyd's algorithm on every s-th real token (s: about ``QUERY_KMEANS_SAMPLE`` m of them
+    sampled; all of them at n <= 16 m), ``iterations`` steps from the segment means of the
+    queries (deterministic: no draw); then every real token joins its nearest centre, and each
+    landmark pair (q~_i, k~_i) is the mean of its cluster's q and k. A cluster with no token
+    keeps its centre as q~ and gets the segment's k~ (B, m existence mask: all exist where
+    the sequence has at least m real tokens). q, k: (B, H, n, d) -> q~, k~ (B, H, m, d).
+    """
+    b, h, n, d = q.shape
+    centres, exists = segment_means(q, m, key_padding_mask)
+    k_segments, _ = segment_means(k, m, key_padding_mask)
+    real = (
+        torch.ones(b, n, dtype=torch.bool, device=q.device)
+        if key_padding_mask is None
+        else key_padding_mask
+    )
+    stride = max(1, n // (QUERY_KMEANS_SAMPLE * m))
+    sample, sample_real = q[:, :, ::stride], real[:, ::stride]
+
+    def members(x: Tensor, x_real: Tensor) -> Tensor:  # (B, H, rows, m) one-hot, 0 for pads
+        dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
+        if exists is not None:
+            dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
+        one_hot = torch.nn.functional.one_hot(dist.argmin(dim=-1), m).to(x.dtype)
+        return one_hot * x_real[:, None, :, None].to(x.dtype)
+
+    for _ in range(iterations):
+        member = members(sample, sample_real)
+        counts = member.sum(dim=-2)[..., None]
+        centres = torch.where(counts > 0, member.transpose(-1, -2) @ sample / counts.clamp_min(1),
+                              centres)  # fmt: skip
+    member = members(q, real)
+    counts = member.sum(dim=-2)[..., None]
+    q_land = torch.where(counts > 0, member.transpose(-1, -2) @ q / counts.clamp_min(1), centres)
+    k_land = torch.where(counts > 0, member.transpose(-1, -2) @ k / counts.clamp_min(1),
+                         k_segments)  # fmt: skip
+    return q_land, k_land, exists
+
+
 def select_landmarks(
     q: Tensor,
     k: Tensor,
@@ -156,4 +203,6 @@ def select_landmarks(
         return random_tokens(q, k, m, key_padding_mask, seed)
     if method == "kmeans":
         return kmeans_groups(q, k, m, key_padding_mask, kmeans_iterations, seed)
+    if method == "query_kmeans":
+        return query_kmeans(q, k, m, key_padding_mask, kmeans_iterations)
     raise ValueError(f"unknown landmark method {method!r}; choose one of {LANDMARK_METHODS}")

@@ -46,9 +46,11 @@ class NystromAttention(Core):
             reference code's one scale for the whole batch).
         landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
             (m real tokens drawn with ``seed``, the same draw on every call, so the implied
-            matrix is well defined) or ``"kmeans"`` (means of k-means clusters of the tokens'
-            [q, k] features, ``kmeans_iterations`` Lloyd steps from the random draw).
-        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
+            matrix is well defined), ``"kmeans"`` (means of k-means clusters of the tokens'
+            [q, k] features, ``kmeans_iterations`` Lloyd steps from the random draw) or
+            ``"query_kmeans"`` (means of k-means clusters of the queries alone, Lloyd steps on
+            about 16 m evenly spaced tokens from the queries' segment means; no draw).
+        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"`` or ``"query_kmeans"``.
         seed: random seed for ``landmarks="random"`` and the k-means start.
         recompute: in training with padding (the general path), keep only q, k, v for
             backward and compute the product again there: the bytes kept fall below SDPA's

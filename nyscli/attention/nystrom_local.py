@@ -160,11 +160,12 @@ class NystromLocalAttention(Core):
             side exactly.
         heavy_keys: g, keys every query scores exactly besides its band (0: none).
         routed_keys: K, keys each query scores exactly besides its band and heavy keys: the K
-            its landmark (the pair (q~, k~) nearest its (q, k)) weighs most in B' (0: none;
-            see ``routing``). With k-means landmarks these follow what each query attends to.
-        landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``
-            or ``"kmeans"`` (as in ``nystrom``).
-        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"``.
+            its landmark (the landmark query q~ nearest it) weighs most in B' (0: none; see
+            ``routing``). With k-means landmarks of the queries these follow what each query
+            attends to.
+        landmarks: how landmarks are chosen: ``"segment_means"`` (the paper's), ``"random"``,
+            ``"kmeans"`` or ``"query_kmeans"`` (as in ``nystrom``).
+        kmeans_iterations: Lloyd steps for ``landmarks="kmeans"`` or ``"query_kmeans"``.
         seed: the random draw of ``landmarks="random"`` and the k-means start.
         far_field: add Nyström's estimate of the mass outside the band and heavy keys; false:
             the band and heavy keys alone, the landmarks only picking the heavy keys (an
@@ -219,7 +220,7 @@ class NystromLocalAttention(Core):
         # A landmark costs 2 pairs a query (its score F' and its share of B' V); without the
         # far field only B' is formed, to pick the heavy keys: m scores a key, 1 pair a query.
         # Routed keys are scored like heavy keys, 1 pair each; picking them reads B' (formed
-        # anyway) and each token's nearest landmark (k-means' assignment), no extra scores.
+        # anyway) and each query's nearest landmark query (k-means' assignment), no scores.
         landmarks = (2 if self.far_field else 1) * self.num_landmarks
         return self.window - 1 + landmarks + self.heavy_keys + self.routed_keys
 
@@ -247,7 +248,7 @@ class NystromLocalAttention(Core):
             "num_landmarks": landmarks,
             "heavy_keys": 0,
             "routed_keys": max(0, pairs - neighbours - 2 * landmarks),
-            "landmarks": "kmeans",
+            "landmarks": "query_kmeans",
         }
 
     def forward(
@@ -379,7 +380,7 @@ class NystromLocalAttention(Core):
         reach = band.reach(device=q.device)  # (block, span)
         routed = None
         if self.routed_keys:
-            group = routing.nearest_landmark(q, k, q_land, k_land, exists)
+            group = routing.nearest_landmark(q, q_land, exists)
             # A padded key weighs 0 in B' and is never a favourite ahead of a real one.
             favourites = b_kernel.detach().topk(min(self.routed_keys, n), dim=-1).indices
             routed = routing.routed_part(

@@ -25,16 +25,13 @@ from torch import Tensor
 from nyscli.attention.masking import EXP_FLOOR
 
 
-def nearest_landmark(
-    q: Tensor, k: Tensor, q_land: Tensor, k_land: Tensor, exists: Tensor | None
-) -> Tensor:
-    """Each token's group (B, H, n): the landmark pair (q~, k~) nearest to its (q, k) in
-    squared Euclidean distance (k-means' own assignment rule); empty landmarks are never
-    nearest. q, k: (B, H, n, d); q_land, k_land: (B, H, m, d); exists: (B, m) or None."""
-    x = torch.cat([q, k], dim=-1)
-    centres = torch.cat([q_land, k_land], dim=-1)
-    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every c.
-    dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
+def nearest_landmark(q: Tensor, q_land: Tensor, exists: Tensor | None) -> Tensor:
+    """Each query's group (B, H, n): the landmark query q~ nearest to it in squared Euclidean
+    distance (query_kmeans' own assignment rule: queries near q~ score keys as q~ does);
+    empty landmarks are never nearest. q: (B, H, n, d); q_land: (B, H, m, d); exists: (B, m)
+    or None."""
+    # |q - c|^2 = |q|^2 - 2 q.c + |c|^2; |q|^2 is the same for every c.
+    dist = q_land.square().sum(-1)[..., None, :] - 2 * q @ q_land.transpose(-1, -2)
     if exists is not None:
         dist = dist.masked_fill(~exists[:, None, None, :], math.inf)
     return dist.argmin(dim=-1)
