@@ -11,8 +11,9 @@ written into the project.
     .venv/bin/python scripts/hybrid_splits.py --out /tmp/splits   # about 2 minutes, 2 cores
     .venv/bin/python scripts/hybrid_splits.py --routed --out /tmp/routed   # about 6 minutes
 
-``--routed`` scores the routed design's splits instead: k-means landmarks of the queries, each query also
-scoring its nearest landmark's K favourite keys (``routed_keys``), w - 1 + 2 m + g + K = budget
+``--routed`` scores the routed design's splits instead: k-means landmarks of the queries, each
+query also scoring its nearest landmark's K favourite keys (``routed_keys``), w - 1 + 2 m + g + K
+= budget
 for w in 1, 9, 17, 33, m in 16, 24, 32 and g in 0, 8 (24 splits); the best of them on the
 calibration sequences is ``NystromLocalAttention.routed_at_pairs``.
 
@@ -182,8 +183,9 @@ def main() -> int:
         }  # fmt: skip
     ).T.round(3)
     held_out = held.sequence.nunique()
-    family = (f"{len(routed_splits(args.budget))} routed splits (query k-means landmarks)" if args.routed
-              else f"{len(LANDMARKS)} landmark counts x bands in steps of {args.step}")  # fmt: skip
+    family = f"{len(LANDMARKS)} landmark counts x bands in steps of {args.step}"
+    if args.routed:
+        family = f"{len(routed_splits(args.budget))} routed splits (query k-means landmarks)"
     best = chosen(calibration, []).iloc[0]
     print(f"budget {args.budget}; {family}; held-out: {held_out} sequences x 6 layers x 12 "
           f"heads; best on the calibration sequences: w {best.w}, m {best.m}, g {best.g}, "
