@@ -41,5 +41,9 @@ def test_completion_answers_without_heavy_modules():
         "COMP_CWORD": "2",
     }
     output, modules = _run_cli("None", env)
-    assert output.split() == ["attention=nystrom", "attention=nystrom_local"]
+    assert output.split() == [
+        "attention=nystrom",
+        "attention=nystrom_local",
+        "attention=nystrom_local_routed",
+    ]
     assert _heavy(modules) == set()
