@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from hybrid_splits import IMDB, imdb_text  # noqa: E402
 
 from nyscli.attention import build_attention  # noqa: E402
-from nyscli.attention.routing import nearest_landmark  # noqa: E402
 from nyscli.experiments.approx_error.sources import minilm  # noqa: E402
 from nyscli.output.plots import pyplot, save_figure  # noqa: E402
 
@@ -59,8 +58,7 @@ def supports(core, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> dict
         heavy = is_heavy[:, :, None, :].expand(b, h, n, n).clone()
     routed = torch.zeros(b, h, n, n, dtype=torch.bool)
     if core.routed_keys:
-        group = nearest_landmark(q, q_land, exists)
-        favourites = b_kernel.topk(core.routed_keys, dim=-1).indices  # (B, H, m, K)
+        group, favourites = core.routes(q, q_land, b_kernel, exists)  # (B, H, n), (B, H, m, K)
         chosen = favourites.gather(2, group[..., None].expand(-1, -1, -1, core.routed_keys))
         routed.scatter_(3, chosen, True)
     heavy &= ~band

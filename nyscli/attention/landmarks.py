@@ -139,6 +139,16 @@ def kmeans_groups(
     return centres[..., :d], centres[..., d:], exists
 
 
+def nearest_centre(x: Tensor, centres: Tensor, exists: Tensor | None) -> Tensor:
+    """Each row's nearest centre (B, H, rows) in squared Euclidean distance, never an empty
+    one. x: (B, H, rows, d); centres: (B, H, m, d); exists: (B, m) or None (all exist)."""
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every c.
+    dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
+    if exists is not None:
+        dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
+    return dist.argmin(dim=-1)
+
+
 def query_kmeans(
     q: Tensor, k: Tensor, m: int, key_padding_mask: Tensor | None, iterations: int
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -163,11 +173,8 @@ def query_kmeans(
     sample, sample_real = q[:, :, ::stride], real[:, ::stride]
 
     def members(x: Tensor, x_real: Tensor) -> Tensor:  # (B, H, rows, m) one-hot, 0 for pads
-        dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
-        if exists is not None:
-            dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
-        one_hot = torch.nn.functional.one_hot(dist.argmin(dim=-1), m).to(x.dtype)
-        return one_hot * x_real[:, None, :, None].to(x.dtype)
+        one_hot = torch.nn.functional.one_hot(nearest_centre(x, centres, exists), m)
+        return one_hot.to(x.dtype) * x_real[:, None, :, None].to(x.dtype)
 
     for _ in range(iterations):
         member = members(sample, sample_real)

@@ -16,7 +16,7 @@ from nyscli.attention import nystrom_gpu, routing
 from nyscli.attention.chunking import by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
-from nyscli.attention.landmarks import LANDMARK_METHODS, select_landmarks
+from nyscli.attention.landmarks import LANDMARK_METHODS, nearest_centre, select_landmarks
 from nyscli.attention.longformer import Band
 from nyscli.attention.masking import EXP_FLOOR, check_qkv
 from nyscli.attention.pinv import iterative_pinv
@@ -335,6 +335,17 @@ class NystromLocalAttention(Core):
             z = iterative_pinv(a_kernel, self.pinv_iterations)
         return q_land, k_land, z, b_kernel, exists
 
+    def routes(
+        self, q: Tensor, q_land: Tensor, b_kernel: Tensor, exists: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Each query's group, the landmark query q~ nearest it (B, H, n: the assignment rule
+        of query_kmeans, so queries near q~ score keys as q~ does), and each landmark's K
+        favourite keys, its largest B' entries (B, H, m, K)."""
+        group = nearest_centre(q, q_land, exists)
+        # A padded key weighs 0 in B' and is never a favourite ahead of a real one.
+        favourites = b_kernel.detach().topk(min(self.routed_keys, q.shape[2]), dim=-1).indices
+        return group, favourites
+
     def heavy(self, b_kernel: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
         """The g heavy keys: indices (B, H, g) and whether each is a real key (B, H, g).
 
@@ -387,9 +398,7 @@ class NystromLocalAttention(Core):
         reach = band.reach(device=q.device)  # (block, span)
         routed = None
         if self.routed_keys:
-            group = routing.nearest_landmark(q, q_land, exists)
-            # A padded key weighs 0 in B' and is never a favourite ahead of a real one.
-            favourites = b_kernel.detach().topk(min(self.routed_keys, n), dim=-1).indices
+            group, favourites = self.routes(q, q_land, b_kernel, exists)
             routed = routing.routed_part(
                 q, k, v, group, favourites, k_land, z, b_kernel, band_keys[..., None],
                 band.radius,

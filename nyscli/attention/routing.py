@@ -25,18 +25,6 @@ from torch import Tensor
 from nyscli.attention.masking import EXP_FLOOR
 
 
-def nearest_landmark(q: Tensor, q_land: Tensor, exists: Tensor | None) -> Tensor:
-    """Each query's group (B, H, n): the landmark query q~ nearest to it in squared Euclidean
-    distance (query_kmeans' own assignment rule: queries near q~ score keys as q~ does);
-    empty landmarks are never nearest. q: (B, H, n, d); q_land: (B, H, m, d); exists: (B, m)
-    or None."""
-    # |q - c|^2 = |q|^2 - 2 q.c + |c|^2; |q|^2 is the same for every c.
-    dist = q_land.square().sum(-1)[..., None, :] - 2 * q @ q_land.transpose(-1, -2)
-    if exists is not None:
-        dist = dist.masked_fill(~exists[:, None, None, :], math.inf)
-    return dist.argmin(dim=-1)
-
-
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
     """Rows of x (B, H, n, c) at ``index`` (B, H, ...) of each (B, H), as (B, H, ..., c): one
     row copy per entry (index_select), several times faster on a CPU than ``gather`` with the

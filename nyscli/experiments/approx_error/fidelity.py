@@ -23,6 +23,9 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from nyscli.data.common import pad_batch
+from nyscli.data.pairs import layout
+
 # Texts read at once: MiniLM at 512 tokens in float64 peaks at ~1 GB for 16.
 BATCH = 16
 
@@ -46,19 +49,13 @@ def paragraphs(text: str, max_texts: int) -> list[str]:
 
 
 def token_batch(tokenizer: object, texts: list[str], seq_len: int) -> tuple[Tensor, Tensor]:
-    """ids and mask (T, n) of each text alone: [CLS] its first seq_len - 2 tokens [SEP], padded
-    to the longest."""
+    """ids and mask (T, n) of each text alone: [CLS] its first seq_len - 2 tokens [SEP] (as
+    fine-tuning lays out one text), padded to the longest."""
     rows = [
-        [tokenizer.cls_id, *tokenizer.encode(text)[: seq_len - 2], tokenizer.sep_id]
-        for text in texts
+        torch.tensor(layout(tokens, None, seq_len, tokenizer.cls_id, tokenizer.sep_id)[0])
+        for tokens in tokenizer.encode_batch(texts)
     ]
-    width = max(len(row) for row in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
+    return pad_batch(rows, seq_len, tokenizer.pad_id)
 
 
 def embeddings(encoder: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
