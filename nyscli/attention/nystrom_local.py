@@ -401,7 +401,7 @@ class NystromLocalAttention(Core):
             group, favourites = self.routes(q, q_land, b_kernel, exists)
             routed = routing.routed_part(
                 q, k, v, group, favourites, k_land, z, b_kernel, band_keys[..., None],
-                band.radius,
+                band.radius, in_place=not backward_follows(q, k, v),
             )  # fmt: skip
         # Heavy keys and landmarks side by side: one product scores both, one weighs both.
         return Parts(
@@ -450,9 +450,7 @@ class NystromLocalAttention(Core):
             r = parts.routed
             own = band.queries(r.shift, first, stop)
             shift = torch.maximum(shift, own)
-            scale = (own - shift).exp_()
-            routed = [scale * band.queries(x, first, stop) for x in
-                      (r.mass, r.num, r.kernel, r.kernel_num)]  # fmt: skip
+            routed = r.split(band.queries(r.sums, first, stop) * (own - shift).exp_())
         e_small = (small - shift).clamp_min_(EXP_FLOOR).exp_()
         e_heavy = e_small[..., :g] * parts.heavy_real
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -463,11 +461,11 @@ class NystromLocalAttention(Core):
         windows = windows * key_ok
         w_band, w_small, den, gate = self._weights(
             p, windows, parts, key_ok, (band_scores, shift), e_heavy,
-            None if routed is None else routed[2],
+            None if routed is None else routed[3],
         )  # fmt: skip
         num = (w_band @ v_windows).add_(per_query(w_small, parts.small_v))
         if routed is not None:
-            mass, routed_num, kernel, kernel_num = routed
+            routed_num, mass, kernel_num, kernel = routed
             num = num + routed_num - gate * kernel_num
             den = den + mass - gate * kernel
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))  # in place: no new buffer
