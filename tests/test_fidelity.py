@@ -13,8 +13,9 @@ from nyscli.experiments.approx_error import fidelity
 from tests.test_hf_import import WORDS, tiny_checkpoint
 
 
-def reference(exact: np.ndarray, approx: np.ndarray) -> tuple[float, float]:
-    """Mean cosine and nearest-neighbour agreement written out with loops."""
+def reference(exact: np.ndarray, approx: np.ndarray) -> tuple[float, float, float]:
+    """Mean cosine, nearest-neighbour agreement and exact's neighbour among approx's 3
+    nearest, written out with loops."""
 
     def cos(a, b):
         return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
@@ -26,20 +27,27 @@ def reference(exact: np.ndarray, approx: np.ndarray) -> tuple[float, float]:
         return max((j for j in range(t) if j != i), key=lambda j: cos(x[i], x[j]))
 
     agree = [nearest(exact, i) == nearest(approx, i) for i in range(t)]
-    return float(np.mean(cosines)), float(np.mean(agree))
+
+    def top3(x, i):
+        return sorted((j for j in range(t) if j != i), key=lambda j: -cos(x[i], x[j]))[:3]
+
+    in_top = [nearest(exact, i) in top3(approx, i) for i in range(t)]
+    return float(np.mean(cosines)), float(np.mean(agree)), float(np.mean(in_top))
 
 
 def test_compare_matches_its_formula():
     g = torch.Generator().manual_seed(0)
-    exact = torch.randn(7, 5, generator=g, dtype=torch.float64)
-    approx = exact + 0.8 * torch.randn(7, 5, generator=g, dtype=torch.float64)
+    exact = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    approx = exact + 1.2 * torch.randn(12, 5, generator=g, dtype=torch.float64)
     scores = fidelity.compare(exact, approx)
-    cosine, agreement = reference(exact.numpy(), approx.numpy())
+    cosine, agreement, in_top = reference(exact.numpy(), approx.numpy())
     assert scores["cosine_mean"] == pytest.approx(cosine, abs=1e-12)
     assert scores["nn_agreement"] == pytest.approx(agreement, abs=1e-12)
-    assert 0 < agreement < 1  # the noise moved some neighbours, not all
+    assert scores["nn_in_top3"] == pytest.approx(in_top, abs=1e-12)
+    assert 0 < agreement < in_top < 1  # the noise moved some neighbours, some out of the top 3
     same = fidelity.compare(exact, 3 * exact)  # cosine ignores the scale
     assert same["cosine_min"] == pytest.approx(1.0, abs=1e-12) and same["nn_agreement"] == 1.0
+    assert same["nn_in_top3"] == 1.0
 
 
 def test_paragraphs_are_the_texts_between_blank_lines():
@@ -89,6 +97,8 @@ def test_approx_error_writes_the_fidelity_table_and_refuses_what_cannot_have_one
     frame = pd.read_csv(next(tmp_path.rglob("fidelity.csv")))
     assert list(frame.method) == ["nystrom_local", "hybrid_routed", "uniform"]
     assert (frame.texts == 4).all() and "same nearest neighbour" in done.stdout
+    # 4 texts: each has 3 others, so exact's neighbour is always among any top 3
+    assert (frame.nn_in_top3 == 1.0).all() and "neighbour in top 3" in done.stdout
     runs = len(list(tmp_path.rglob("results.csv")))
     one = tmp_path / "one.txt"
     one.write_text("a single review .")

@@ -219,20 +219,23 @@ def measure_fidelity(
 
 
 def fidelity_table(frame: pd.DataFrame, symbol: str = "m") -> Table:
-    """The fidelity rows as a table (cosine to exact, nearest-neighbour agreement); ``symbol``
-    heads the budget column, as in the error tables."""
+    """The fidelity rows as a table (cosine to exact, nearest-neighbour agreement, exact's
+    neighbour among the top 3); ``symbol`` heads the budget column, as in the error tables."""
     texts = int(frame.texts.iloc[0])
+    top = min(approx_fidelity.TOP, texts - 1)
     table = Table(
         title=f"embeddings vs exact attention ({texts} texts; a random neighbour agrees "
-        f"{1 / (texts - 1):.1%})"
+        f"{1 / (texts - 1):.1%}, falls in a random top {top} {top / (texts - 1):.1%})"
     )
-    for column in ("method", symbol, "cosine mean", "cosine min", "same nearest neighbour"):
+    columns = ("method", symbol, "cosine mean", "cosine min", "same nearest neighbour",
+               f"exact's neighbour in top {top}")  # fmt: skip
+    for column in columns:
         table.add_column(column)
     for row in frame.itertuples():
         budget = "—" if pd.isna(row.budget) else str(row.budget)
         table.add_row(
             escape(str(row.method)), budget, f"{row.cosine_mean:.4f}", f"{row.cosine_min:.4f}",
-            f"{row.nn_agreement:.1%}",
+            f"{row.nn_agreement:.1%}", f"{row.nn_in_top3:.1%}",
         )  # fmt: skip
     return table
 
