@@ -200,6 +200,30 @@ def test_a_pairs_budget_costs_every_method_the_same(tmp_path: Path) -> None:
     assert "pairs" in [column.header for column in table.columns]  # synthetic: one table
 
 
+def test_a_budget_a_core_cannot_meet_is_recorded_with_the_pairs_it_scores(tmp_path: Path) -> None:
+    """results.csv records the pairs each row's budget stands for and those its core scores;
+    where they differ (the hybrid's split at 1 pair: a window of 3 and 1 landmark, 4 pairs;
+    Nyström at an odd budget in pairs) the table's note says so, and nowhere else."""
+    methods = "methods=[nystrom,nystrom_local]"
+    df = run(tmp_path, "budgets=[1,7,8]", "budget_unit=pairs", methods, "baselines=[uniform]")
+    rows = df.drop_duplicates(["method", "budget"]).set_index(["method", "budget"])
+    used = {key: (row.pairs_asked, row.pairs_used) for key, row in rows.iterrows()
+            if key[0] != "uniform"}  # fmt: skip
+    assert used == {("nystrom", 1): (1, 2), ("nystrom", 7): (7, 6), ("nystrom", 8): (8, 8),
+                    ("nystrom_local", 1): (1, 4), ("nystrom_local", 7): (7, 6),
+                    ("nystrom_local", 8): (8, 8)}  # fmt: skip
+    assert rows.loc[("uniform", pd.NA)].pairs_used is pd.NA
+    table = approx_error.summary_table(df)
+    cells = {column.header: column._cells for column in table.columns}
+    shown = list(zip(cells["method"], cells["pairs"], cells["note"], strict=True))
+    assert ("nystrom_local", "1", "scores 4 pairs") in shown
+    assert ("nystrom", "7", "scores 6 pairs") in shown
+    assert ("nystrom", "8", "") in shown and ("uniform", "—", "trivial baseline") in shown
+    # Landmarks: Nyström's m is m landmarks, 2 m pairs, as asked.
+    landmarks = run(tmp_path, "budgets=[3]", "methods=[nystrom]", "baselines=[]")
+    assert set(landmarks.pairs_asked) == set(landmarks.pairs_used) == {6}
+
+
 def test_smooth_inputs_are_unit_variance_and_correlated_over_the_length() -> None:
     x = sources.smooth_noise((4, 4096, 16), correlation_length=10.0, generator=torch.Generator())
     assert x.var().item() == pytest.approx(1.0, abs=0.05)

@@ -19,7 +19,7 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from nyscli.attention import available
+from nyscli.attention import available, pairs_per_query
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.console import heartbeat
 from nyscli.data.common import read_text_file
@@ -295,22 +295,44 @@ def source_settings(cfg: DictConfig, text: str | None, device: torch.device) -> 
     return settings
 
 
-def build_cores(
+def core_configs(
     cfg: DictConfig, n: int, budget_list: list[int]
-) -> dict[tuple[str, int | None], torch.nn.Module]:
-    """(label, budget) -> core for every requested method; unbudgeted methods once (None).
-    A budget is Nyström's m, or with ``budget_unit=pairs`` scored pairs per query for all."""
+) -> dict[tuple[str, int | None], tuple[str, dict[str, Any]]]:
+    """(label, budget) -> (method, ``build_attention`` config) for every requested method;
+    unbudgeted methods once (None). A budget is Nyström's m, or with ``budget_unit=pairs``
+    scored pairs per query for all."""
     attention = OmegaConf.to_container(cfg.attention, resolve=True)
-    cores: dict[tuple[str, int | None], torch.nn.Module] = {}
+    configs: dict[tuple[str, int | None], tuple[str, dict[str, Any]]] = {}
     for method in cfg.methods:
         label = approx_methods.method_label(method, attention)
         for m in [None] if method in approx_methods.UNBUDGETED else budget_list:
-            if (label, m) not in cores:
+            if (label, m) not in configs:
                 config = approx_methods.core_config(
                     method, m or 0, n, attention, cfg.seed, cfg.get("budget_unit", "landmarks")
                 )
-                cores[label, m] = approx_methods.build_core(config, cfg.seed)
-    return cores
+                configs[label, m] = (method, config)
+    return configs
+
+
+def build_cores(
+    cfg: DictConfig, n: int, budget_list: list[int]
+) -> dict[tuple[str, int | None], torch.nn.Module]:
+    """(label, budget) -> core for every requested method (``core_configs``)."""
+    configs = core_configs(cfg, n, budget_list).items()
+    return {key: approx_methods.build_core(config, cfg.seed) for key, (_, config) in configs}
+
+
+def pairs_frame(cfg: DictConfig, n: int, budget_list: list[int]) -> pd.DataFrame:
+    """One row per budgeted (method label, budget): the scored pairs per query the budget
+    stands for (``pairs_asked``) and those its core scores (``pairs_used``)."""
+    unit = cfg.get("budget_unit", "landmarks")
+    rows = [
+        (label, m, approx_methods.pairs_asked(method, m, unit), pairs_per_query(config))
+        for (label, m), (method, config) in core_configs(cfg, n, budget_list).items()
+        if m is not None
+    ]
+    frame = pd.DataFrame(rows, columns=["method", "budget", "pairs_asked", "pairs_used"])
+    return frame.astype({"budget": "Int64", "pairs_asked": "Int64", "pairs_used": "Int64"})
 
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
@@ -358,6 +380,12 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             len(layers) * b * h * per_head, estimated_peak(cfg), approx_memory.available_bytes()
         )
     cores = build_cores(cfg, n, budget_list)
+    pairs = pairs_frame(cfg, n, budget_list)
+    for row in pairs[pairs.pairs_asked != pairs.pairs_used].itertuples():
+        console.print(
+            f"[yellow]note:[/] {escape(row.method)} at {row.budget} scores {row.pairs_used} "
+            f"pairs a query, not {row.pairs_asked}: its options cannot meet that budget exactly"
+        )
     unit = cfg.get("budget_unit", "landmarks")
     nystrom_m = cfg.attention.num_landmarks * (2 if unit == "pairs" else 1)
     keep_budget = min(budget_list, key=lambda m: (abs(m - nystrom_m), m))
@@ -390,7 +418,7 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             example_maps.update(maps)
     cache.report()
 
-    df = results_frame(records, cfg, n, d)
+    df = results_frame(records, cfg, n, d).merge(pairs, on=["method", "budget"], how="left")
     if cfg.fidelity.path is not None:
         fidelity = measure_fidelity(cfg, cores, console)
         with atomic_writer(run_dir / "fidelity.csv", "w") as handle:
@@ -481,6 +509,7 @@ def summary_table(df: pd.DataFrame) -> Table:
     metrics = [m for m in METRIC_LABELS if f"{m}_mean" in summary]
     run_keys = [k for k in summary.columns if k in ("job", "source", "seq_len")]
     notes = [row_note(row) for _, row in summary.iterrows()]
+    off = pairs_off(df)
     table = Table(
         title="approx-error: approximation vs exact softmax attention (mean ± sd over heads)",
         caption="\n".join([_caption(df), *_footnotes(notes)]),
@@ -495,6 +524,9 @@ def summary_table(df: pd.DataFrame) -> Table:
     table.add_column("note")
     for (_, row), note in zip(summary.iterrows(), notes, strict=True):
         budget = "—" if pd.isna(row["budget"]) else str(int(row["budget"]))
+        used = off.get((row["method"], row["budget"]))
+        if used is not None:  # the row's core scores another count than its budget says
+            note = f"{note}; scores {used} pairs" if note else f"scores {used} pairs"
         cells = [_cell(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]
         table.add_row(
             *(escape(str(row[k])) for k in run_keys),  # labels are data: "[...]" is no markup
@@ -505,6 +537,16 @@ def summary_table(df: pd.DataFrame) -> Table:
             escape(note),
         )
     return table
+
+
+def pairs_off(df: pd.DataFrame) -> dict[tuple[str, int], int]:
+    """(method, budget) -> the pairs a query its core scores, for the rows whose core cannot
+    meet the budget exactly (``pairs_frame``); empty for results without those columns."""
+    if "pairs_used" not in df:
+        return {}
+    rows = df.dropna(subset=["pairs_used"])
+    rows = rows[rows.pairs_used != rows.pairs_asked].drop_duplicates(["method", "budget"])
+    return {(r.method, r.budget): int(r.pairs_used) for r in rows.itertuples()}
 
 
 def _caption(df: pd.DataFrame) -> str:

@@ -103,6 +103,14 @@ FOOTNOTES = {
 BLOCK_ENTRIES = 1 << 25
 
 
+def pairs_asked(method: str, budget: int, unit: str) -> int:
+    """The scored pairs per query a row at ``budget`` stands for: with ``unit="landmarks"`` a
+    Nyström row's budget is m landmarks, 2 m pairs; every other budget is pairs. A core whose
+    options cannot meet it exactly (the hybrid's split at 1-4 pairs, odd budgets for
+    Nyström and Longformer in pairs) scores another count, which approx-error records."""
+    return 2 * budget if unit == "landmarks" and method in NYSTROM_VARIANTS else budget
+
+
 def core_name(method: str) -> str:
     """The registered attention core a method runs on (``nystrom`` for every variant,
     ``nystrom_local`` for its ablations)."""
