@@ -314,21 +314,15 @@ def core_configs(
     return configs
 
 
-def build_cores(
-    cfg: DictConfig, n: int, budget_list: list[int]
-) -> dict[tuple[str, int | None], torch.nn.Module]:
-    """(label, budget) -> core for every requested method (``core_configs``)."""
-    configs = core_configs(cfg, n, budget_list).items()
-    return {key: approx_methods.build_core(config, cfg.seed) for key, (_, config) in configs}
-
-
-def pairs_frame(cfg: DictConfig, n: int, budget_list: list[int]) -> pd.DataFrame:
-    """One row per budgeted (method label, budget): the scored pairs per query the budget
-    stands for (``pairs_asked``) and those its core scores (``pairs_used``)."""
-    unit = cfg.get("budget_unit", "landmarks")
+def pairs_frame(
+    configs: dict[tuple[str, int | None], tuple[str, dict[str, Any]]], unit: str
+) -> pd.DataFrame:
+    """One row per budgeted (method label, budget) of ``core_configs``: the scored pairs per
+    query the budget stands for in ``unit`` (``pairs_asked``) and those its core scores
+    (``pairs_used``)."""
     rows = [
         (label, m, approx_methods.pairs_asked(method, m, unit), pairs_per_query(config))
-        for (label, m), (method, config) in core_configs(cfg, n, budget_list).items()
+        for (label, m), (method, config) in configs.items()
         if m is not None
     ]
     frame = pd.DataFrame(rows, columns=["method", "budget", "pairs_asked", "pairs_used"])
@@ -379,14 +373,17 @@ def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         cache.hold(
             len(layers) * b * h * per_head, estimated_peak(cfg), approx_memory.available_bytes()
         )
-    cores = build_cores(cfg, n, budget_list)
-    pairs = pairs_frame(cfg, n, budget_list)
+    configs = core_configs(cfg, n, budget_list)
+    cores = {
+        key: approx_methods.build_core(config, cfg.seed) for key, (_, config) in configs.items()
+    }
+    unit = cfg.get("budget_unit", "landmarks")
+    pairs = pairs_frame(configs, unit)
     for row in pairs[pairs.pairs_asked != pairs.pairs_used].itertuples():
         console.print(
             f"[yellow]note:[/] {escape(row.method)} at {row.budget} scores {row.pairs_used} "
             f"pairs a query, not {row.pairs_asked}: its options cannot meet that budget exactly"
         )
-    unit = cfg.get("budget_unit", "landmarks")
     nystrom_m = cfg.attention.num_landmarks * (2 if unit == "pairs" else 1)
     keep_budget = min(budget_list, key=lambda m: (abs(m - nystrom_m), m))
     example = (cfg.plot_layer, 0, cfg.plot_head)
