@@ -341,14 +341,15 @@ def variants(torch, device, toy: bool) -> list[dict]:
         return ((got.double() - want).norm() / want.norm()).item()
 
     rows = []
-    saved = (nystrom_gpu.PRODUCTS, dict(nystrom_gpu.WARPS))
+    saved = (nystrom_gpu.PRODUCTS, nystrom_gpu.WARPS)
     x = [t.contiguous() for t in (*means, bv)]
     grad_w = upstream.float()
     try:
         for kernel, settings in (("forward", FORWARD_VARIANTS), ("backward", BACKWARD_VARIANTS)):
             for products, warps in settings:
-                nystrom_gpu.PRODUCTS = products
-                nystrom_gpu.WARPS[kernel] = warps
+                # the same products whatever the operands (these are float32), these warps
+                nystrom_gpu.PRODUCTS = dict.fromkeys(saved[0], products)
+                nystrom_gpu.WARPS = {**saved[1], products: {**saved[1][products], kernel: warps}}
                 if kernel == "forward":
                     fn = lambda: nystrom_gpu._forward(*x, None, 6)  # noqa: E731
                     err = error(fn(), w_ref)
@@ -363,7 +364,6 @@ def variants(torch, device, toy: bool) -> list[dict]:
                     f"error {err:.2e}",
                     flush=True,
                 )
-                nystrom_gpu.WARPS.update(saved[1])
     finally:
         nystrom_gpu.PRODUCTS, nystrom_gpu.WARPS = saved[0], saved[1]
     return rows

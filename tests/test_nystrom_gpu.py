@@ -90,7 +90,7 @@ def test_low_precision_inputs_compute_in_float32(
     # Against the float64 formula on the same (rounded) inputs: only float32 arithmetic and
     # the output's rounding to the input dtype separate them. (The interpreter multiplies in
     # float32 whatever the products' setting: a GPU measures tf32's own error, gpu_profile.)
-    monkeypatch.setattr(nystrom_gpu, "PRODUCTS", products)
+    monkeypatch.setattr(nystrom_gpu, "PRODUCTS", dict.fromkeys(("16-bit", "32-bit"), products))
     q_land, k_land, bv = landmarks(2, 3, 64, 64, seed=3, dtype=dtype)
     w = nystrom_gpu.landmark_weights(q_land, k_land, bv, None, 6)
     assert w.dtype == dtype and torch.isfinite(w).all()
@@ -175,7 +175,10 @@ def test_inference_kernels_equal_the_torch_path(monkeypatch, n, m, d, padded, la
     calls = []
     served = nystrom_gpu.nystrom_inference
     monkeypatch.setattr(nystrom_gpu, "nystrom_inference", lambda *a: calls.append(1) or served(*a))
-    monkeypatch.setattr(nystrom_gpu, "_programs_wanted", lambda device: 5)  # several splits
+    # several splits of Bk V at these small n (but n = 96: one)
+    monkeypatch.setattr(nystrom_gpu, "_programs_wanted", lambda device: 24)
+    monkeypatch.setattr(nystrom_gpu, "MIN_SPLIT_KEYS", 64)
+    assert nystrom_gpu._key_splits(n, 6, q.device)[0] == (1 if n < 128 else 2)
     with torch.no_grad():
         got = core(q, k, v, mask)
         got32 = core(q.float(), k.float(), v.float(), mask)
@@ -193,6 +196,57 @@ def test_inference_kernels_equal_the_torch_path(monkeypatch, n, m, d, padded, la
         with torch.no_grad():
             again = core(*junk, mask)
         assert torch.allclose(again[1, :, : n - 37], got[1, :, : n - 37], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "dtype, autocast, products",
+    [
+        (torch.float32, False, "tf32x3"),
+        (torch.float32, True, "tf32"),  # bench's bf16 rows: float32 inputs under autocast
+        (torch.bfloat16, False, "tf32"),
+    ],
+)
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_landmark_products_follow_the_attention_operands(
+    interpret, monkeypatch, dtype, autocast, products, grad
+) -> None:
+    # bf16/fp16 work multiplies the landmark side's float32 tiles once in tf32 (H200: 17 us
+    # against 100 forward), float32 work in three (float32's accuracy): on the fused inference
+    # op (whose Bk V is float32 whatever the operands) as on the training path (SDPA's Bk V).
+    seen = []
+    how = nystrom_gpu._how
+
+    def spy(kernel: str, operands: torch.dtype) -> dict:
+        seen.append((kernel, how(kernel, operands)["PREC"]))
+        return how(kernel, operands)
+
+    monkeypatch.setattr(nystrom_gpu, "_how", spy)
+    q, k, v = (x.to(dtype).requires_grad_(grad) for x in qkv(1, 2, 128, 16, seed=5))
+    core = NystromAttention(num_landmarks=16)
+    core.fused_cpu_backward = False  # CPU training would take its own fused path
+    with torch.set_grad_enabled(grad), torch.autocast(DEVICE, torch.bfloat16, enabled=autocast):
+        out = core(q, k, v)
+    if grad:
+        out.float().sum().backward()
+    assert seen == [("forward", products)] + [("backward", products)] * grad
+
+
+@pytest.mark.parametrize(
+    "n, heads, want",
+    [
+        (1024, 12, (1, 1024)),  # one split per head: its partial is 1/8 of its keys' k
+        (8192, 12, (8, 1024)),
+        (8191, 12, (7, 1216)),  # splits cover n in whole tiles of 64 keys
+        (65536, 12, (22, 3008)),  # two programs per SM (132 on an H200), 22 per head
+        (65536, 1, (64, 1024)),
+        (300, 4, (1, 320)),
+    ],
+)
+def test_bk_v_splits_fill_the_gpu_with_at_least_1024_keys_each(monkeypatch, n, heads, want):
+    monkeypatch.setattr(nystrom_gpu, "_programs_wanted", lambda device: 264)
+    splits, chunk = nystrom_gpu._key_splits(n, heads, torch.device("cpu"))
+    assert (splits, chunk) == want
+    assert (splits - 1) * chunk < n <= splits * chunk and chunk % nystrom_gpu.INFERENCE_BLOCK == 0
 
 
 def test_inference_kernels_stay_off_a_gpu_until_checked(monkeypatch) -> None:

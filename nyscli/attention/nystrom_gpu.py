@@ -76,12 +76,19 @@ def _launch_args(q_land: Tensor, exists: Tensor | None) -> dict[str, Any]:
     return _launch_constants(h, m, d, q_land.dtype == torch.float64, exists is not None)
 
 
-# How the landmark programs multiply float32 tiles ("tf32x3": three tf32 products, about
-# float32's accuracy; "tf32": one) and how many warps each kernel runs, chosen from ptxas'
-# stacks on sm_90 (docs/results/gpu-notes.md); read at each launch, so that
-# scripts/gpu_profile.py can time the alternatives in one process.
-PRODUCTS = "tf32x3"
-WARPS = {"forward": 4, "backward": 8, "pinv": 4}
+HALF = (torch.bfloat16, torch.float16)
+# How the landmark programs multiply float32 tiles, by the attention's operands: "tf32x3"
+# (three tf32 products, about float32's accuracy) for float32 work, "tf32" (one) for bf16/fp16
+# work, whose own rounding (2^-9) is as coarse as tf32's (2^-11) and whose outputs (H200,
+# docs/results/gpu-notes.md) keep bf16's error while the forward program takes 17 us instead
+# of 100 and the backward 119 instead of 550. The warps per kernel and products, from the
+# same measurement (and ptxas' stacks). Read at each launch, so that scripts/gpu_profile.py
+# can time the alternatives in one process.
+PRODUCTS = {"16-bit": "tf32", "32-bit": "tf32x3"}
+WARPS = {
+    "tf32": {"forward": 4, "backward": 4, "pinv": 4},
+    "tf32x3": {"forward": 4, "backward": 8, "pinv": 4},
+}
 
 
 @cache
@@ -98,9 +105,15 @@ def _tile(m: int, wide: bool) -> dict[str, Any]:
     }
 
 
-def _how(kernel: str) -> dict[str, Any]:
-    """The launch settings of one landmark kernel: its products and warps."""
-    return {"PREC": PRODUCTS, "num_warps": WARPS[kernel]}
+def _products(operands: torch.dtype) -> str:
+    """How float32 tiles are multiplied in work whose operands are ``operands``."""
+    return PRODUCTS["16-bit" if operands in HALF else "32-bit"]
+
+
+def _how(kernel: str, operands: torch.dtype) -> dict[str, Any]:
+    """The launch settings of one landmark kernel in work on ``operands``: products, warps."""
+    products = _products(operands)
+    return {"PREC": products, "num_warps": WARPS[products][kernel]}
 
 
 @cache
@@ -120,6 +133,19 @@ def _launch_constants(h: int, m: int, d: int, wide: bool, has_e: bool) -> dict[s
 def _forward(
     q_land: Tensor, k_land: Tensor, bv: Tensor, exists: Tensor | None, iterations: int
 ) -> Tensor:
+    # Bk V comes from SDPA in the attention's operand dtype (under autocast too).
+    return _weights(q_land, k_land, bv, exists, iterations, operands=bv.dtype)
+
+
+def _weights(
+    q_land: Tensor,
+    k_land: Tensor,
+    bv: Tensor,
+    exists: Tensor | None,
+    iterations: int,
+    operands: torch.dtype,
+) -> Tensor:
+    """``landmark_weights`` without autograd, its products chosen for work on ``operands``."""
     from nyscli.attention.nystrom_kernels import forward as forward_kernel
 
     q_land, k_land, bv = q_land.contiguous(), k_land.contiguous(), bv.contiguous()
@@ -128,7 +154,7 @@ def _forward(
     b, h = q_land.shape[:2]
     args = _launch_args(q_land, exists)
     forward_kernel[(b * h,)](
-        q_land, k_land, flags, bv, w, ITERS=iterations, **args, **_how("forward")
+        q_land, k_land, flags, bv, w, ITERS=iterations, **args, **_how("forward", operands)
     )
     return w
 
@@ -161,7 +187,7 @@ def _backward(
         scratch,
         ITERS=iterations,
         **args,
-        **_how("backward"),
+        **_how("backward", bv.dtype),
     )
     g_ql, g_kl, g_bv = grads
     return g_ql.to(q_land.dtype), g_kl.to(k_land.dtype), g_bv.to(bv.dtype)
@@ -225,10 +251,11 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
 
     m = a.shape[-1]
     dtype = _compute_dtype(a)
+    how = _how("pinv", a.dtype)
     a = a.to(dtype).contiguous()
     z = torch.empty_like(a)
     tile = _tile(m, dtype == torch.float64)
-    kernel[(a.numel() // (m * m),)](a, z, M=m, ITERS=iterations, **tile, **_how("pinv"))
+    kernel[(a.numel() // (m * m),)](a, z, M=m, ITERS=iterations, **tile, **how)
     return z
 
 
@@ -239,6 +266,11 @@ def inference_applies(q: Tensor) -> bool:
 
 
 INFERENCE_BLOCK = 64  # keys per tile of Bk V's splits, and queries per program of F W
+# Keys per split of Bk V at least: each split leaves an m x d float32 partial, 4.3 MB in all at
+# two programs per SM (H200, m = d = 64, 12 heads), which was the whole of the op's memory over
+# SDPA's (bench, lease 6); at 1,024 keys a split's partial is 1/8 of its keys' q, k or v in
+# bf16, and a program streams 256 KB of k and v (~7 us of one SM's share of the bandwidth).
+MIN_SPLIT_KEYS = 1024
 
 
 def _ceil(a: int, b: int) -> int:
@@ -251,6 +283,15 @@ def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _key_splits(n: int, heads: int, device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split) of Bk V over n keys in each of ``heads`` (sequence, head)
+    pairs: enough to fill the GPU, each at least MIN_SPLIT_KEYS (but one) and a whole number
+    of key tiles."""
+    splits = max(1, min(_ceil(_programs_wanted(device), heads), n // MIN_SPLIT_KEYS))
+    chunk = _ceil(_ceil(n, splits), INFERENCE_BLOCK) * INFERENCE_BLOCK
+    return _ceil(n, chunk), chunk
 
 
 def _inference(
@@ -282,10 +323,7 @@ def _inference(
     wide = q.dtype == torch.float64
     dtype = _compute_dtype(q)
     block = INFERENCE_BLOCK
-    # Bk V: enough splits to fill the GPU, each a whole number of key tiles.
-    splits = max(1, min(_ceil(_programs_wanted(q.device), b * h), _ceil(n, block)))
-    chunk = _ceil(_ceil(n, splits), block) * block
-    splits = _ceil(n, chunk)
+    splits, chunk = _key_splits(n, b * h, q.device)
     acc = torch.empty(b * h * splits, m, d, dtype=dtype, device=q.device)
     top = torch.empty(b * h * splits, m, dtype=dtype, device=q.device)
     total = torch.empty_like(top)
@@ -298,7 +336,7 @@ def _inference(
         "D": d,
         "BM": _block(m),
         "BD": _block(d),
-        "PREC": PRODUCTS,
+        "PREC": _products(q.dtype),
     }
     half_dot = not interpreting()
     kernels.landmark_attention_split[(b * h, splits)](
@@ -310,7 +348,7 @@ def _inference(
         acc, top, total, flags, bv, heads=h, splits=splits, M=m, D=d, BM=shared["BM"],
         BD=shared["BD"], HAS_E=flags is not None,
     )  # fmt: skip
-    w = _forward(q_land, k_land, bv, exists, iterations)  # (B, H, m, d) in float32 (float64)
+    w = _weights(q_land, k_land, bv, exists, iterations, q.dtype)  # (B, H, m, d), float32/64
     out = torch.empty_like(q)
     kernels.landmark_output[(b * h, _ceil(n, block))](
         q, k_land, w, flags, out, n=n, BQ=block, HAS_E=flags is not None, HALF_DOT=half_dot,
@@ -338,20 +376,20 @@ else:
     nystrom_inference = _inference
 
 
-HALF = (torch.bfloat16, torch.float16)
 # The hybrid's heavy keys share a register tile with the landmarks' scores.
 MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 
 
 # Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
-# kernel that passes in the interpreter can still fault compiled: the hybrid's did on its first
-# GPU (H200, Triton 3.6: an out-of-bounds shared-memory read inside a tf32x3 product; its
-# float32 products are now split by hand). scripts/gpu_profile.py turns them on to check them;
-# NYS_GPU_CHECKED=hybrid,inference turns them on in a process run after such a check passed
-# on the same machine (docs/results/gpu-notes.md: the bench that follows gpu_profile).
+# kernel that passes in the interpreter can still fault compiled: the hybrid's does (H200,
+# Triton 3.6, two leases: an out-of-bounds shared-memory read, with tf32x3 products and with
+# them split by hand). The inference op equals float64 there (fp32 2.3e-7, bf16 2.4e-3 at
+# n = 4,096, docs/results/gpu-notes.md), so it is on. scripts/gpu_profile.py turns each on to
+# check it; NYS_GPU_CHECKED=hybrid,... turns them on in a process run after such a check passed
+# on the same machine (the bench that follows gpu_profile).
 _CHECKED_NOW = set(os.environ.get("NYS_GPU_CHECKED", "").split(","))
-CHECKED_ON_GPU = {kernel: kernel in _CHECKED_NOW for kernel in ("hybrid", "inference")}
+CHECKED_ON_GPU = {"hybrid": "hybrid" in _CHECKED_NOW, "inference": True}
 
 
 def _allowed(kernel: str, q: Tensor) -> bool:
