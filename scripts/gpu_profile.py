@@ -2,8 +2,13 @@
 """Where a Nyström core call goes on a GPU: the torch path against the Triton path, in one run.
 
     scripts/gpu_profile.py [OUT] [--lens 1024,2048,...] [--minutes M] [--skip-tests] [--toy]
+                           [--hybrid-matrix | --no-hybrid]
 
 For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md says why each):
+0. ``--hybrid-matrix``: the hybrid's kernel at each launch setting of HYBRID_MATRIX, each in a
+   process of its own (a fault ends a CUDA context): its error against float64 beside the
+   torch path's, its GPU time, or how the process ended (OUT/hybrid-matrix.csv). The rest of
+   the run uses the first setting that passes, or leaves the hybrid out when none does.
 1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
@@ -33,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import json
 import os
 import statistics
 import subprocess
@@ -66,6 +73,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--toy", action="store_true")
     parser.add_argument("--skip-tests", action="store_true", help="not step 1 (compiling)")
     parser.add_argument("--no-hybrid", action="store_true", help="Nyström's rows alone")
+    parser.add_argument(
+        "--hybrid-matrix",
+        action="store_true",
+        help="first, the hybrid kernel at each of HYBRID_MATRIX's launch settings, each in a "
+        "process of its own; then the rest with the first that equals the torch path",
+    )
+    parser.add_argument("--hybrid-probe", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -89,9 +103,22 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     lens = [128] if args.toy else [int(x) for x in args.lens.split(",")]
+    if args.hybrid_probe:
+        hybrid_probe(torch, device, 128 if args.toy else 1024)
+        return
     print(environment(torch, device), flush=True)
     if not (args.toy or args.skip_tests):
         run_kernel_tests(out)
+    if args.hybrid_matrix:
+        found = hybrid_matrix(args.toy)
+        write_csv(out / "hybrid-matrix.csv", found)
+        passed = [r["setting"] for r in found if r["status"] == "ok"]
+        if passed:  # the rest of the run launches the hybrid's kernel so
+            nystrom_gpu.HYBRID_LAUNCH.update(nystrom_gpu._launch_settings(passed[0]))
+            print(f"hybrid kernel: NYS_HYBRID_LAUNCH={passed[0]}", flush=True)
+        else:
+            print("hybrid kernel: no setting equals the torch path; Nyström's rows alone")
+            args.no_hybrid = True
     if args.no_hybrid:
         global ROWS
         ROWS = tuple(row for row in ROWS if not row.startswith("hybrid"))
@@ -110,6 +137,84 @@ def main() -> None:
             text = profile(torch, device, path, mode, 128 if args.toy else PROFILE_LEN)
             (out / f"profile-{path}-{mode}.txt").write_text(text)
     print(summary(rows))
+
+
+# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH; the first faults on
+# the H200 with Triton 3.6): tiles padded to 64 (the landmark programs' 64 x 64 products run
+# there), one pipeline stage (49 KB of shared memory instead of 111-136), fewer warps.
+HYBRID_MATRIX = [
+    "min_tile=16,num_warps=8,num_stages=3",
+    "min_tile=64,num_warps=8,num_stages=3",
+    "min_tile=16,num_warps=8,num_stages=1",
+    "min_tile=64,num_warps=8,num_stages=1",
+    "min_tile=64,num_warps=4,num_stages=1",
+]
+
+
+def hybrid_matrix(toy: bool) -> list[dict]:
+    """Each HYBRID_MATRIX setting in a process of its own (a fault ends the CUDA context):
+    the hybrid kernel's error against float64 in fp32 and bf16 beside the torch path's, its
+    GPU time, or how the process ended."""
+    rows = []
+    for setting in HYBRID_MATRIX:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--hybrid-probe"]
+        env = {**os.environ, "NYS_HYBRID_LAUNCH": setting}
+        try:
+            done = subprocess.run(
+                cmd + ["--toy"] * toy, env=env, capture_output=True, text=True, timeout=240
+            )
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            found = [json.loads(line) for line in lines]
+            status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
+            if status == "ok" and not all(r["within"] for r in found):
+                status = "off float64"
+            why = (done.stderr.strip().splitlines() or [""])[-1][:200]
+        except subprocess.TimeoutExpired:
+            found, status, why = [], "timeout", ""
+        rows += [{"setting": setting, "status": status, **r} for r in found] or [
+            {"setting": setting, "status": status, "why": why}
+        ]
+        print(f"hybrid {setting:<38} {status:<12} " + "  ".join(
+            f"{r['dtype']} {r['error']:.2e} (torch {r['torch_error']:.2e}) {r['gpu_us']:.0f} us"
+            for r in found
+        ) + (f"  {why}" if status != "ok" else ""), flush=True)  # fmt: skip
+    return rows
+
+
+def hybrid_probe(torch, device, n: int) -> None:
+    """One line of JSON per dtype: the hybrid kernel (this process's NYS_HYBRID_LAUNCH)
+    against the torch path in float64, beside the torch path in that dtype, and its GPU time."""
+    from nyscli.attention import nystrom_gpu
+
+    exact = inputs(torch, device, n, torch.float64, grad=False, seed=1)
+    with torch.no_grad():
+        want = core(torch, "hybrid-torch")(*exact)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = [t.to(dtype) for t in exact]
+            errors = {}
+            for path in ("hybrid-torch", "hybrid-triton"):
+                attention = core(torch, path)
+                got = attention(*x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # a fault surfaces here, in this row
+                errors[path] = ((got.double() - want).norm() / want.norm()).item()
+            # the kernel's path: the loop's last core (core() left its switches on)
+            gpu_us = 1e3 * bench_ms(torch, device, functools.partial(attention, *x))
+            ok = errors["hybrid-triton"] <= max(4 * errors["hybrid-torch"], 1e-4)
+            row = {"dtype": str(dtype).split(".")[-1], "n": n, **nystrom_gpu.HYBRID_LAUNCH}
+            row.update(error=errors["hybrid-triton"], torch_error=errors["hybrid-torch"])
+            print(json.dumps({**row, "gpu_us": gpu_us, "within": ok}), flush=True)
+
+
+def bench_ms(torch, device, fn: Callable[[], object]) -> float:
+    """GPU time of fn in ms (``triton.testing.do_bench``; wall clock on a CPU)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - start)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=50)
 
 
 def environment(torch, device) -> str:
@@ -328,15 +433,6 @@ def variants(torch, device, toy: bool) -> list[dict]:
     w_ref = core.pseudo_inverse(core.landmark_kernel(exact[0], exact[1], None)) @ exact[2]
     g_ref = torch.autograd.grad(w_ref, exact, upstream)
 
-    def bench(fn: Callable[[], object]) -> float:
-        if device.type != "cuda":
-            start = time.perf_counter()
-            fn()
-            return 1e3 * (time.perf_counter() - start)
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=10, rep=50)
-
     def error(got, want) -> float:
         return ((got.double() - want).norm() / want.norm()).item()
 
@@ -357,7 +453,7 @@ def variants(torch, device, toy: bool) -> list[dict]:
                     fn = lambda: nystrom_gpu._backward(*x, None, grad_w, 6)  # noqa: E731
                     err = max(error(g, r) for g, r in zip(fn(), g_ref, strict=True))
                 row = {"kernel": kernel, "products": products, "warps": warps}
-                row.update(gpu_us=1e3 * bench(fn), relative_error_vs_float64=err)
+                row.update(gpu_us=1e3 * bench_ms(torch, device, fn), relative_error_vs_float64=err)
                 rows.append(row)
                 print(
                     f"{kernel:>8} {products:>6} {warps:>2} warps: {row['gpu_us']:8.1f} us, "

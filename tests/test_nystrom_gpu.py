@@ -355,6 +355,28 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
 
 
+def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
+    # Each launch setting in a process of its own: one that runs (tiles padded to 64, within
+    # the torch path's error of float64 in both dtypes), one whose process ends (here a setting
+    # out of range; on a GPU, a fault) and is reported, not raised.
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import gpu_profile
+
+    monkeypatch.setattr(gpu_profile, "HYBRID_MATRIX", ["min_tile=64,num_stages=1", "min_tile=0"])
+    rows = gpu_profile.hybrid_matrix(toy=True)
+    ran = [r for r in rows if r["setting"] == "min_tile=64,num_stages=1"]
+    assert [(r["status"], r["dtype"], r["min_tile"]) for r in ran] == [
+        ("ok", "float32", 64),
+        ("ok", "bfloat16", 64),
+    ]
+    for r in ran:
+        assert r["error"] <= 1.25 * r["torch_error"] + 1e-6 and r["within"]
+    assert rows[-1]["setting"] == "min_tile=0" and rows[-1]["status"] == "exit 1"
+    assert "NYS_HYBRID_LAUNCH" in rows[-1]["why"]
+
+
 @pytest.mark.parametrize("m", [16, 40])
 def test_pinv_kernel_equals_the_iterative_pinv(interpret, m) -> None:
     from nyscli.attention.pinv import iterative_pinv
@@ -370,10 +392,11 @@ def test_pinv_kernel_equals_the_iterative_pinv(interpret, m) -> None:
 
 
 HYBRID_CASES = [
-    (200, {}, False),
-    (150, {"window": 17, "num_landmarks": 8, "heavy_keys": 5}, True),
-    (300, {"heavy_keys": 0}, True),
-    (130, {"window": 129, "num_landmarks": 24, "heavy_keys": 40}, False),
+    (200, {}, False, 16),
+    (150, {"window": 17, "num_landmarks": 8, "heavy_keys": 5}, True, 16),
+    (150, {"window": 17, "num_landmarks": 8, "heavy_keys": 5}, True, 64),  # padded tiles
+    (300, {"heavy_keys": 0}, True, 16),
+    (130, {"window": 129, "num_landmarks": 24, "heavy_keys": 40}, False, 16),
 ]
 
 
@@ -392,8 +415,12 @@ def both_paths(monkeypatch, core, q, k, v, mask, gpu_first: bool = True):
     return results
 
 
-@pytest.mark.parametrize("n, options, padded", HYBRID_CASES)
-def test_hybrid_kernel_equals_the_torch_path_in_float64(monkeypatch, n, options, padded) -> None:
+@pytest.mark.parametrize("n, options, padded, min_tile", HYBRID_CASES)
+def test_hybrid_kernel_equals_the_torch_path_in_float64(
+    monkeypatch, n, options, padded, min_tile
+) -> None:
+    # min_tile 64: the landmark and heavy-key tiles padded far past m and g, masked out
+    monkeypatch.setitem(nystrom_gpu.HYBRID_LAUNCH, "min_tile", min_tile)
     q, k, v = qkv(2, 3, n, 24, seed=n)
     mask = None
     if padded:
@@ -410,6 +437,17 @@ def test_hybrid_kernel_equals_the_torch_path_in_float64(monkeypatch, n, options,
             x[1, :, n - 37 :] = 50.0
         again, _ = both_paths(monkeypatch, core, *junk, mask)
         assert torch.allclose(again[1, :, : n - 37], got[1, :, : n - 37], atol=1e-12)
+
+
+def test_hybrid_launch_settings_read_known_whole_numbers() -> None:
+    read = nystrom_gpu._launch_settings
+    assert read("") == {} and read(" min_tile=64, num_stages=1 ") == {
+        "min_tile": 64,
+        "num_stages": 1,
+    }
+    for bad in ("min_tile=0", "num_stages=two", "stages=1", "num_warps", "min_tile=-4"):
+        with pytest.raises(ValueError, match="NYS_HYBRID_LAUNCH"):
+            read(bad)
 
 
 def test_hybrid_kernel_gates_like_the_torch_path(monkeypatch) -> None:

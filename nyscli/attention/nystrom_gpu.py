@@ -379,6 +379,29 @@ else:
 # The hybrid's heavy keys share a register tile with the landmarks' scores.
 MAX_HEAVY_KEYS = 64
 HYBRID_BLOCK = 64  # queries per program, and keys per band tile
+# How the hybrid's kernel is launched: its landmark and heavy-key tiles padded to at least
+# ``min_tile`` (16 gives products of 64 x 16 x 16; the landmark programs, which run on the
+# H200, multiply 64 x 64 tiles), warps, and the band loops' pipeline stages (3: 111 KB of
+# shared memory in float32 at budget 128, 1: 49 KB; ptxas, sm_90, Triton 3.6). The kernel
+# faults on the H200 with (16, 8, 3); scripts/gpu_profile.py --hybrid-matrix tries the others,
+# each in a process of its own, and NYS_HYBRID_LAUNCH="min_tile=64,num_stages=1" sets them.
+HYBRID_LAUNCH = {"min_tile": 16, "num_warps": 8, "num_stages": 3}
+
+
+def _launch_settings(text: str) -> dict[str, int]:
+    """HYBRID_LAUNCH's entries from "key=value,...": known keys, whole numbers >= 1."""
+    settings = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in HYBRID_LAUNCH or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"NYS_HYBRID_LAUNCH: {item!r} is not one of {sorted(HYBRID_LAUNCH)}=<int >= 1>"
+            )
+        settings[key] = int(value)
+    return settings
+
+
+HYBRID_LAUNCH.update(_launch_settings(os.environ.get("NYS_HYBRID_LAUNCH", "")))
 
 
 # Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
@@ -447,12 +470,13 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
         torch.finfo(dtype).tiny,
         BQ=HYBRID_BLOCK,
         BK=HYBRID_BLOCK,
-        BM=_block(m),
-        BG=_block(max(g, 1)),
+        BM=_block(max(m, HYBRID_LAUNCH["min_tile"])),
+        BG=_block(max(g, HYBRID_LAUNCH["min_tile"])),
         BD=_block(d),
         OP=tl_types[operands],
         DT=tl_types[dtype],
         NATIVE=not interpreting(),
-        num_warps=8,  # ptxas, sm_90: a 1.1-1.5 KB stack per thread, 1.7-1.8 KB with four
+        num_warps=HYBRID_LAUNCH["num_warps"],
+        num_stages=HYBRID_LAUNCH["num_stages"],
     )
     return out
