@@ -59,6 +59,7 @@ ROWS = (
     "nystrom-torch",
     "nystrom-triton",
     "nystrom-fused",
+    "nystrom-graphed",
     "nystrom-triton-graph",
     "hybrid-torch",
     "hybrid-triton",
@@ -247,10 +248,11 @@ def core(torch, path: str):
 
     if path == "sdpa":
         return build_attention({"name": "softmax"})
-    nystrom_gpu.HAS_TRITON = path.endswith(("-triton", "-fused")) and _triton_found()
+    nystrom_gpu.HAS_TRITON = path.endswith(("-triton", "-fused", "-graphed")) and _triton_found()
     # The kernels no GPU has checked yet, on for the rows that check them.
     nystrom_gpu.CHECKED_ON_GPU["hybrid"] = path == "hybrid-triton"
-    nystrom_gpu.CHECKED_ON_GPU["inference"] = path == "nystrom-fused"
+    nystrom_gpu.CHECKED_ON_GPU["inference"] = path in ("nystrom-fused", "nystrom-graphed")
+    nystrom_gpu.CHECKED_ON_GPU["graph"] = path == "nystrom-graphed"
     if path.startswith("hybrid"):
         return build_attention({"name": "nystrom_local"})  # budget 128: w 65, m 16, g 32
     return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})
@@ -301,7 +303,11 @@ def equality(torch, device, n: int) -> list[dict]:
                 rows.append(row)
                 print(f"{row['dtype']:>8} {path:<15} {name:<6} vs float64: {error:.2e}", flush=True)
     # The kernels that serve inference only (Nyström's fused forward, the hybrid's): output.
-    families = [("nystrom", ["nystrom-fused"]), ("hybrid", ["hybrid-torch", "hybrid-triton"])]
+    graphed = ["nystrom-graphed"] if device.type == "cuda" else []  # a CPU has no graphs
+    families = [
+        ("nystrom", ["nystrom-fused", *graphed]),
+        ("hybrid", ["hybrid-torch", "hybrid-triton"]),
+    ]
     with torch.no_grad():
         for family, paths in families:
             paths = [path for path in paths if path in ROWS]
@@ -311,8 +317,11 @@ def equality(torch, device, n: int) -> list[dict]:
             if family == "hybrid":
                 want = core(torch, "hybrid-torch")(*exact_inputs)
             for dtype in (torch.float32, torch.bfloat16):
+                x = [t.to(dtype) for t in exact_inputs]
                 for path in paths:
-                    got = core(torch, path)(*(x.to(dtype) for x in exact_inputs))
+                    attention = core(torch, path)
+                    for _ in range(3 if path == "nystrom-graphed" else 1):
+                        got = attention(*x)  # a graph's: seen, captured, then replayed
                     error = ((got.double() - want).norm() / want.norm()).item()
                     label = str(dtype).split(".")[-1]
                     row = {"dtype": label, "n": n, "path": path, "tensor": "out"}
@@ -373,9 +382,9 @@ def timer(torch, device) -> tuple[Callable, Callable]:
 
 def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], object] | None:
     """The timed call of one cell (None: the row has no such cell)."""
-    if row.endswith("graph") and (train or device.type != "cuda"):
+    if "graph" in row and (train or device.type != "cuda"):
         return None
-    if (row.startswith("hybrid") or row == "nystrom-fused") and train:
+    if (row.startswith("hybrid") or row in ("nystrom-fused", "nystrom-graphed")) and train:
         return None  # their kernels serve inference only
     attention = core(torch, row)
     q, k, v = inputs(torch, device, n, dtype, grad=train)
@@ -498,9 +507,12 @@ def timings(torch, device, lens: list[int], toy: bool, ends_at: float | None) ->
                         fn = build(torch, device, row, n, dtype, train)
                         if fn is None:
                             continue
+                        held = torch.cuda.memory_allocated() if device.type == "cuda" else 0
                         for _ in range(2 if toy else 5):
-                            fn()  # warm-up: compilation, allocator, autotuning
-                        memory = peak_mb(torch, device, fn)
+                            fn()  # warm-up: compilation, allocator, autotuning, graph capture
+                        if device.type == "cuda":  # what the core keeps (a graph's output)
+                            held = torch.cuda.memory_allocated() - held
+                        memory = peak_mb(torch, device, fn) + held / 2**20
                         first = call_ms(fn)
                         repeats = max(3, min(50, int(1000 / max(first, 1e-3))))
                         times = [call_ms(fn) for _ in range(2 if toy else repeats)]

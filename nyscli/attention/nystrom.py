@@ -14,6 +14,7 @@ from nyscli.attention import nystrom_gpu
 from nyscli.attention.chunking import DEFAULT_BUDGET, by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
+from nyscli.attention.graphs import Graphs
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
     select_landmarks,
@@ -95,6 +96,7 @@ class NystromAttention(Core):
         super().__init__()
         configure(self, locals())  # every argument checked against options
         self.exact = SoftmaxAttention()
+        self.graphs = Graphs()  # CUDA graphs of this core's launch-bound inference calls
 
     def label(self) -> str:
         suffix = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
@@ -187,6 +189,14 @@ class NystromAttention(Core):
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
         if self.recompute and backward_follows(q, k, v):
             return self.recomputed_approximation(q, k, v, key_padding_mask)
+        if (
+            self.uses_triton(q, v)
+            and not backward_follows(q, k, v)
+            and nystrom_gpu.inference_applies(q)
+            and nystrom_gpu.graph_applies(q, key_padding_mask)
+        ):
+            # launch-bound: the same call replayed from a CUDA graph (graphs.py)
+            return self.graphs(lambda *qkv: self.approximate_all(*qkv, None), q, k, v)
         if (
             not backward_follows(q, k, v)
             and self.heads_independent()

@@ -265,6 +265,26 @@ def inference_applies(q: Tensor) -> bool:
     return _allowed("inference", q)
 
 
+# Calls of at most this many (sequence, head, token) rows are replayed from CUDA graphs
+# (graphs.py): below it a call's launches outlast its work (12 heads: n ~ 16K on an H200),
+# and each kept graph's output buffer stays small (25 MB at d = 64 in bf16).
+GRAPH_MAX_ROWS = 12 * 16384
+GRAPHS_ON_CPU = False  # set by tests only, with a stand-in for the graph (a CPU has none)
+
+
+def graph_applies(q: Tensor, key_padding_mask: Tensor | None) -> bool:
+    """Whether an inference call on q: (B, H, n, d) (``inference_applies``) is replayed from
+    a CUDA graph: launch-bound, no padding mask (whose lengths the core reads on the host),
+    outside torch.compile (which makes its own)."""
+    b, h, n = q.shape[:3]
+    return (
+        (CHECKED_ON_GPU["graph"] and q.is_cuda or GRAPHS_ON_CPU)
+        and key_padding_mask is None
+        and b * h * n <= GRAPH_MAX_ROWS
+        and not torch.compiler.is_compiling()
+    )
+
+
 INFERENCE_BLOCK = 64  # keys per tile of Bk V's splits, and queries per program of F W
 # Keys per split of Bk V at least: each split leaves an m x d float32 partial, 4.3 MB in all at
 # two programs per SM (H200, m = d = 64, 12 heads), which was the whole of the op's memory over
@@ -412,7 +432,11 @@ HYBRID_LAUNCH.update(_launch_settings(os.environ.get("NYS_HYBRID_LAUNCH", "")))
 # check it; NYS_GPU_CHECKED=hybrid,... turns them on in a process run after such a check passed
 # on the same machine (the bench that follows gpu_profile).
 _CHECKED_NOW = set(os.environ.get("NYS_GPU_CHECKED", "").split(","))
-CHECKED_ON_GPU = {"hybrid": "hybrid" in _CHECKED_NOW, "inference": True}
+CHECKED_ON_GPU = {
+    "hybrid": "hybrid" in _CHECKED_NOW,
+    "inference": True,
+    "graph": "graph" in _CHECKED_NOW,  # graphs.py: captured and replayed on no GPU yet
+}
 
 
 def _allowed(kernel: str, q: Tensor) -> bool:

@@ -99,11 +99,17 @@ def cuda_peak_mb(call: Callable[[], object], device: torch.device) -> float:
 
 
 def warm_peak_mb(call: Callable[[], object], device: torch.device, warmup: int) -> float:
-    """Run ``call`` ``warmup`` times, then return the peak memory (MB) of one more call."""
+    """Run ``call`` ``warmup`` times, then return the peak memory (MB) of one more call, plus
+    on CUDA what the warm-up left allocated (a core's CUDA graph keeps its output buffer)."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
         for _ in range(warmup):
             call()
-        return cuda_peak_mb(call, device)
+        torch.cuda.synchronize(device)
+        gc.collect()
+        kept = max(0, torch.cuda.memory_allocated(device) - before)
+        return cuda_peak_mb(call, device) + kept / MB
     with own_mappings():  # from the first call on, or blocks freed before stay in the heap
         for _ in range(warmup):
             call()
