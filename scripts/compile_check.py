@@ -76,6 +76,7 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
                 "DT": tl.float32,
                 "PREC": prec,
                 "HALF_DOT": True,
+                "OP": tl.float32,
             },  # fmt: skip
             4,
         ),
@@ -102,7 +103,37 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
                 "out_ptr": "*bf16",
                 **{"heads": i32, "n": i32, "scale": "fp32", "M": i32, "D": i32},
             },
-            {"BQ": 64, "BM": 64, "BD": 64, "HAS_E": True, "PREC": prec, "HALF_DOT": True},
+            {
+                "BQ": 64,
+                "BM": 64,
+                "BD": 64,
+                "HAS_E": True,
+                "PREC": prec,
+                "HALF_DOT": True,
+                "OP": tl.float32,
+            },  # fmt: skip
+            4,
+        ),
+        (
+            "F W (inference, autocast)",  # float32 q read and rounded to bf16 in the kernel
+            landmark.landmark_output,
+            {
+                "q_ptr": f32,
+                "kl_ptr": f32,
+                "w_ptr": f32,
+                "e_ptr": "*i8",
+                "out_ptr": "*bf16",
+                **{"heads": i32, "n": i32, "scale": "fp32", "M": i32, "D": i32},
+            },
+            {
+                "BQ": 64,
+                "BM": 64,
+                "BD": 64,
+                "HAS_E": True,
+                "PREC": prec,
+                "HALF_DOT": True,
+                "OP": tl.bfloat16,
+            },  # fmt: skip
             4,
         ),
         (

@@ -334,11 +334,16 @@ def _inference(
 
     b, h, n, d = q.shape
     m = q_land.shape[2]
+    operands = q.dtype
     if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-        # as SDPA would: its products in the autocast dtype
-        q, k, v, q_land, k_land = (
-            x.to(torch.get_autocast_dtype(q.device.type)) for x in (q, k, v, q_land, k_land)
-        )
+        # as SDPA would: its products in the autocast dtype; the kernels round the tiles as
+        # they read them, so no cast copies of q, k, v (SDPA's path casts k, v, then q: three
+        # copies at once here were most of the op's memory over SDPA's, lease 6)
+        operands = torch.get_autocast_dtype(q.device.type)
+    import triton.language as tl
+
+    rounding = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+    op = rounding[operands] if operands in HALF and q.dtype != operands else tl.float32
     q, k, v, q_land, k_land = (x.contiguous() for x in (q, k, v, q_land, k_land))
     wide = q.dtype == torch.float64
     dtype = _compute_dtype(q)
@@ -356,7 +361,8 @@ def _inference(
         "D": d,
         "BM": _block(m),
         "BD": _block(d),
-        "PREC": _products(q.dtype),
+        "PREC": _products(operands),
+        "OP": op,
     }
     half_dot = not interpreting()
     kernels.landmark_attention_split[(b * h, splits)](
@@ -368,8 +374,8 @@ def _inference(
         acc, top, total, flags, bv, heads=h, splits=splits, M=m, D=d, BM=shared["BM"],
         BD=shared["BD"], HAS_E=flags is not None,
     )  # fmt: skip
-    w = _weights(q_land, k_land, bv, exists, iterations, q.dtype)  # (B, H, m, d), float32/64
-    out = torch.empty_like(q)
+    w = _weights(q_land, k_land, bv, exists, iterations, operands)  # (B, H, m, d), float32/64
+    out = torch.empty(q.shape, dtype=operands, device=q.device)
     kernels.landmark_output[(b * h, _ceil(n, block))](
         q, k_land, w, flags, out, n=n, BQ=block, HAS_E=flags is not None, HALF_DOT=half_dot,
         **shared,

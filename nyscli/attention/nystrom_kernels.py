@@ -236,6 +236,22 @@ def pinv(
 
 
 @triton.jit
+def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
+    """x rounded to OP (to nearest, ties to even), in OP on a GPU; in Triton's interpreter,
+    whose bf16 cast truncates and whose half-precision dot is not right, the same values
+    held in float32. (One return, after constexpr branches: no early return in a kernel.)"""
+    if NATIVE:
+        out = x.to(OP)
+    elif OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True)
+    else:
+        out = x.to(OP).to(tl.float32)
+    return out
+
+
+@triton.jit
 def product(a, b, PREC: tl.constexpr, HALF_DOT: tl.constexpr):
     """a @ b in float32 (float64 for float64 tiles): half-precision tiles as they are when
     HALF_DOT, else through ``dot``."""
@@ -270,10 +286,13 @@ def landmark_attention_split(
     DT: tl.constexpr,
     PREC: tl.constexpr,
     HALF_DOT: tl.constexpr,
+    OP: tl.constexpr,
 ):
     """One split of Bk V = softmax(q~ k^T scale) V: the keys [split * chunk, + chunk) of one
     head, with an online softmax. Writes the split's unnormalised sum (BH*S, M, D), its row
-    maxima and its row sums (BH*S, M); padded keys (keep = 0) never count."""
+    maxima and its row sums (BH*S, M); padded keys (keep = 0) never count. Tiles are rounded
+    to OP as they are read (autocast's dtype: no cast copies of k and v), or, with OP float32,
+    used as they are."""
     head = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -281,6 +300,8 @@ def landmark_attention_split(
     dims = tl.arange(0, BD)
     tile = (rows[:, None] < M) & (dims[None, :] < D)
     ql = tl.load(ql_ptr + head * M * D + rows[:, None] * D + dims[None, :], mask=tile, other=0.0)
+    if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
+        ql = rounded(ql, OP, HALF_DOT)
     top = tl.full((BM,), float("-inf"), dtype=DT)
     total = tl.zeros((BM,), dtype=DT)
     acc = tl.zeros((BM, BD), dtype=DT)
@@ -291,6 +312,8 @@ def landmark_attention_split(
         inside = cols < hi
         at = head * n * D + cols[:, None] * D + dims[None, :]
         kt = tl.load(k_ptr + at, mask=inside[:, None] & (dims[None, :] < D), other=0.0)
+        if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
+            kt = rounded(kt, OP, HALF_DOT)
         s = product(ql, tl.trans(kt), PREC, HALF_DOT).to(DT) * scale
         ok = inside
         if HAS_KEEP:
@@ -303,6 +326,8 @@ def landmark_attention_split(
         p = tl.exp(s - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         vt = tl.load(v_ptr + at, mask=inside[:, None] & (dims[None, :] < D), other=0.0)
+        if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
+            vt = rounded(vt, OP, HALF_DOT)
         if HALF_DOT:  # as flash attention: the weights in V's dtype for the tensor cores
             p = p.to(vt.dtype)
         acc = acc * alpha[:, None] + product(p, vt, PREC, HALF_DOT).to(DT)
@@ -373,9 +398,11 @@ def landmark_output(
     HAS_E: tl.constexpr,
     PREC: tl.constexpr,
     HALF_DOT: tl.constexpr,
+    OP: tl.constexpr,
 ):
     """F W = softmax(q k~^T scale) W for one block of BQ queries of one head: out (BH, n, D)
-    in q's dtype. Empty landmarks do not count, unless the sequence has none (then W = 0)."""
+    in out's dtype. Empty landmarks do not count, unless the sequence has none (then W = 0).
+    q and k~ are rounded to OP as they are read (float32: used as they are)."""
     head = tl.program_id(0)
     rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
     lm = tl.arange(0, BM)
@@ -386,6 +413,9 @@ def landmark_output(
     q = tl.load(q_ptr + at, mask=q_tile, other=0.0)
     kl = tl.load(kl_ptr + head * M * D + lm[:, None] * D + dims[None, :], mask=l_tile, other=0.0)
     w = tl.load(w_ptr + head * M * D + lm[:, None] * D + dims[None, :], mask=l_tile, other=0.0)
+    if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
+        q = rounded(q, OP, HALF_DOT)
+        kl = rounded(kl, OP, HALF_DOT)
     s = product(q, tl.trans(kl), PREC, HALF_DOT)
     s = s.to(w.dtype) * scale
     ok = lm < M

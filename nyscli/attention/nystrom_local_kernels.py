@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from nyscli.attention import masking
+from nyscli.attention.nystrom_kernels import rounded
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).
 EXP_FLOOR = tl.constexpr(masking.EXP_FLOOR)
@@ -36,22 +37,6 @@ def split_dot(a, b):
         out = tl.dot(a_hi, b - b_hi, input_precision="tf32")
         out += tl.dot(a - a_hi, b_hi, input_precision="tf32")
         out += tl.dot(a_hi, b_hi, input_precision="tf32")
-    return out
-
-
-@triton.jit
-def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
-    """x rounded to OP (to nearest, ties to even), in OP on a GPU; in Triton's interpreter,
-    whose bf16 cast truncates and whose half-precision dot is not right, the same values
-    held in float32. (One return, after constexpr branches: no early return in a kernel.)"""
-    if NATIVE:
-        out = x.to(OP)
-    elif OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        out = bits.to(tl.float32, bitcast=True)
-    else:
-        out = x.to(OP).to(tl.float32)
     return out
 
 
