@@ -619,7 +619,25 @@ def test_graphs_are_kept_per_layout_least_recent_out_and_stop_when_nothing_retur
     assert len(fake_graphs) == 4 + graphs.MAX_MISSES  # then it stops capturing
 
 
-@pytest.mark.parametrize("case", ["mask", "grad", "rows", "compile"])
+def test_a_failed_capture_falls_back_to_the_call_and_stops_capturing(
+    fake_graphs, monkeypatch
+) -> None:
+    from nyscli.attention import graphs
+
+    def refuse(graph, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "_capture", refuse)
+    q, k, v = qkv(1, 2, 256, 16, seed=2)
+    core = NystromAttention(num_landmarks=16)
+    want = core(q.double(), k.double(), v.double())
+    with torch.no_grad(), pytest.warns(UserWarning, match="capture failed"):
+        outs = [core(q, k, v) for _ in range(3)]
+    assert all(relative(out, want) < 1e-5 for out in outs)
+    assert core.graphs.misses == graphs.MAX_MISSES and core.graphs.graphs == {}
+
+
+@pytest.mark.parametrize("case", ["mask", "grad", "rows", "compile", "kmeans"])
 def test_calls_that_are_not_replayed(fake_graphs, monkeypatch, case) -> None:
     q, k, v = qkv(1, 2, 256, 16, seed=1)
     mask = None
@@ -631,7 +649,8 @@ def test_calls_that_are_not_replayed(fake_graphs, monkeypatch, case) -> None:
         monkeypatch.setattr(nystrom_gpu, "GRAPH_MAX_ROWS", 2 * 256 - 1)
     if case == "compile":
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    core = NystromAttention(num_landmarks=16)
+    landmarks = "kmeans" if case == "kmeans" else "segment_means"
+    core = NystromAttention(num_landmarks=16, landmarks=landmarks)
     core.fused_cpu_backward = False
     for _ in range(3):
         core(q, k, v, mask)

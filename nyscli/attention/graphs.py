@@ -17,6 +17,7 @@ torch.compile; each kept graph holds one output-sized buffer.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +79,12 @@ class Graphs:
             return fn(*inputs)
         self.misses += 1
         graph = _new_graph()
-        out = _capture(graph, lambda: fn(*inputs))
+        try:
+            out = _capture(graph, lambda: fn(*inputs))
+        except RuntimeError as error:  # work a graph cannot hold: this core stops capturing
+            warnings.warn(f"CUDA graph capture failed, eager from now on: {error}", stacklevel=2)
+            self.misses = MAX_MISSES
+            return fn(*inputs)
         self.graphs[key] = (graph, out)
         if len(self.graphs) > self.size:
             self.graphs.popitem(last=False)

@@ -190,7 +190,8 @@ class NystromAttention(Core):
         if self.recompute and backward_follows(q, k, v):
             return self.recomputed_approximation(q, k, v, key_padding_mask)
         if (
-            self.uses_triton(q, v)
+            self.landmarks == "segment_means"  # the others draw on the host: no capture
+            and self.uses_triton(q, v)
             and not backward_follows(q, k, v)
             and nystrom_gpu.inference_applies(q)
             and nystrom_gpu.graph_applies(q, key_padding_mask)
