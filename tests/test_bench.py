@@ -285,7 +285,8 @@ def test_short_calls_get_an_untimed_call_before_each_timed_one(
 ):
     """serve(): under REWARM_BELOW_MS each sample runs the call twice (once untimed)."""
     calls = []
-    prepared = (lambda: calls.append(1), torch.device("cpu"), 1.0, first_ms)
+    ready = {"peak_mb": 1.0, "first_ms": first_ms, "cuda_graph": False}
+    prepared = (lambda: calls.append(1), torch.device("cpu"), ready)
     monkeypatch.setattr(bench_worker, "prepare", lambda spec: prepared)
     monkeypatch.setattr(bench_worker.sys, "stdin", io.StringIO("time\ntime\ntime\nstop\n"))
     bench_worker.serve({})
@@ -310,3 +311,22 @@ def test_train_mode_backpropagates_a_dense_upstream_gradient():
     assert len(upstream) == 2
     torch.testing.assert_close(upstream[0], upstream[1], rtol=0, atol=0)  # the same g
     assert upstream[0].std() > 0.5  # standard normal, not the ones of sum()
+
+
+def test_a_row_whose_core_replays_a_cuda_graph_says_so():
+    # The time of a graph's replay on the same inputs is not an eager call's: the row and
+    # its log line say which it was (a CPU has no graphs, so the flag is set by hand here).
+    from nyscli.experiments.bench.command import _describe
+
+    spec = {**SPEC, "attention": {"name": "nystrom", "num_landmarks": 8}, "seq_len": 64}
+    call = bench_worker.build_call(spec, torch.device("cpu"))
+    assert not bench_worker.replays_graphs(call.model)
+    call.model.graphs.graphs[("a layout",)] = (None, None)
+    assert bench_worker.replays_graphs(call.model)
+    module = bench_worker.build_call({**spec, "scope": "module"}, torch.device("cpu")).model
+    assert not bench_worker.replays_graphs(module)
+    result = {"status": "ok", "time_ms": 1.0, "repeats": 3, "spread": 0.01, "peak_mb": 2.0}
+    assert "CUDA graph" not in _describe(result)
+    assert "a CUDA graph replayed on the same inputs" in _describe({**result, "cuda_graph": True})
+    (row,) = measure_interleaved([{**spec, "time_budget_s": 0.2}], 120, 9.0)
+    assert row["status"] == "ok" and row["cuda_graph"] is False

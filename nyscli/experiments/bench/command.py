@@ -216,6 +216,7 @@ def record(
         "remeasured": None,
         "noisy": None,
         "peak_mb": None,
+        "cuda_graph": None,
         "error": None,
         **result,
     }
@@ -292,9 +293,10 @@ def _describe(result: dict[str, Any]) -> str:
     if result["status"] != "ok":
         return f"{result['status']} ({result.get('error', '')})"
     noisy = ", NOISY" if result.get("noisy") else ""
+    graph = ", a CUDA graph replayed on the same inputs" if result.get("cuda_graph") else ""
     return (
         f"{result['time_ms']:.2f} ms (median of {result['repeats']}, IQR/median "
-        f"{result['spread']:.2f}{noisy}), {result['peak_mb']:.1f} MB"
+        f"{result['spread']:.2f}{noisy}{graph}), {result['peak_mb']:.1f} MB"
     )
 
 

@@ -119,6 +119,7 @@ class Point:
     worker: PointWorker | None = None
     result: dict[str, Any] = field(default_factory=dict)  # set when the point failed
     peak_mb: float = 0.0
+    cuda_graph: bool = False  # its core replayed a CUDA graph (attention/graphs.py)
     needed: int = 1
     times: list[float] = field(default_factory=list)
 
@@ -173,6 +174,7 @@ def measure_interleaved(
                 point.worker = None
                 continue
             point.peak_mb = ready["peak_mb"]
+            point.cuda_graph = bool(ready.get("cuda_graph", False))
             spec = point.spec
             budget = int(spec["time_budget_s"] * 1000.0 / max(ready["first_ms"], 1e-3))
             point.needed = max(spec["min_repeats"], min(spec["repeats"], budget))
@@ -198,6 +200,7 @@ def measure_interleaved(
                 "status": "ok",
                 **summarize(point.times),
                 "peak_mb": point.peak_mb,
+                "cuda_graph": point.cuda_graph,
                 "spread": spread,
                 "remeasured": id(point) in retried,
                 "noisy": spread > noise_threshold,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from nyscli.attention import MultiHeadAttention, build_attention
+from nyscli.attention.graphs import Graphs
 from nyscli.experiments.bench.memory import warm_peak_mb
 from nyscli.experiments.bench.timing import time_call_ms
 
@@ -64,7 +65,16 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
         shape = (b, heads, n, hidden // heads)
         inputs = [torch.randn(shape, device=device, requires_grad=train) for _ in range(3)]
     model.train(train)
-    return timed_call(model, inputs, train, dtype, device, list(model.parameters()))
+    call = timed_call(model, inputs, train, dtype, device, list(model.parameters()))
+    call.model = model  # type: ignore[attr-defined]  # for replays_graphs
+    return call
+
+
+def replays_graphs(model: torch.nn.Module) -> bool:
+    """Whether a core of model holds a CUDA graph of its call (``attention.graphs``): its
+    time is then a replay's, on the same inputs each call."""
+    found = (getattr(m, "graphs", None) for m in model.modules())
+    return any(isinstance(graphs, Graphs) and bool(graphs.graphs) for graphs in found)
 
 
 def timed_call(
@@ -102,15 +112,17 @@ def timed_call(
     return forward_backward if train else inference
 
 
-def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, float, float]:
+def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, dict[str, Any]]:
     """Build the call, warm up, measure its memory, then time one call (which sizes the
-    repeats): (call, device, peak MB, that call's ms)."""
+    repeats): (call, device, {"peak_mb", "first_ms", "cuda_graph"})."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
     memory = warm_peak_mb(call, device, max(1, spec["warmup"]))
-    return call, device, memory, time_call_ms(call, device)
+    first = time_call_ms(call, device)
+    graphed = replays_graphs(call.model)  # type: ignore[attr-defined]
+    return call, device, {"peak_mb": memory, "first_ms": first, "cuda_graph": graphed}
 
 
 def summarize(times: list[float]) -> dict[str, Any]:
@@ -134,9 +146,9 @@ def serve(spec: dict[str, Any]) -> None:
     back in the state a loop over the same call sees, which is what the row reports. For a call
     of a second or more that refill is well under 1% and the extra call would double its cost.
     """
-    call, device, memory, first = prepare(spec)
-    print(READY_PREFIX + json.dumps({"peak_mb": memory, "first_ms": first}), flush=True)
-    rewarm = first < REWARM_BELOW_MS
+    call, device, ready = prepare(spec)
+    print(READY_PREFIX + json.dumps(ready), flush=True)
+    rewarm = ready["first_ms"] < REWARM_BELOW_MS
     for line in sys.stdin:
         if line.strip() != "time":
             break
