@@ -6,9 +6,10 @@
 
 For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md says why each):
 0. ``--hybrid-matrix``: the hybrid's kernel at each launch setting of HYBRID_MATRIX, each in a
-   process of its own (a fault ends a CUDA context): its error against float64 beside the
-   torch path's, its GPU time, or how the process ended (OUT/hybrid-matrix.csv). The rest of
-   the run uses the first setting that passes, or leaves the hybrid out when none does.
+   process of its own (a fault ends a CUDA context), in bf16 then fp32: its error against
+   float64 beside the torch path's, its GPU time, or how the process ended
+   (OUT/hybrid-matrix.csv). The rest of the run uses the first setting that passes in the
+   most widths, for those widths, or leaves the hybrid out when none passes.
 1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
@@ -113,10 +114,12 @@ def main() -> None:
     if args.hybrid_matrix:
         found = hybrid_matrix(args.toy)
         write_csv(out / "hybrid-matrix.csv", found)
-        passed = [r["setting"] for r in found if r["status"] == "ok"]
-        if passed:  # the rest of the run launches the hybrid's kernel so
-            nystrom_gpu.HYBRID_LAUNCH.update(nystrom_gpu._launch_settings(passed[0]))
-            print(f"hybrid kernel: NYS_HYBRID_LAUNCH={passed[0]}", flush=True)
+        setting, widths = chosen_setting(found)
+        if widths:  # the rest of the run launches the hybrid's kernel so, for these widths
+            nystrom_gpu.HYBRID_LAUNCH.update(nystrom_gpu._launch_settings(setting))
+            HYBRID_WIDTHS[:] = widths
+            checked = ",".join(f"hybrid-{w}" for w in widths)
+            print(f"hybrid kernel: NYS_HYBRID_LAUNCH={setting} NYS_GPU_CHECKED={checked}")
         else:
             print("hybrid kernel: no setting equals the torch path; Nyström's rows alone")
             args.no_hybrid = True
@@ -140,22 +143,37 @@ def main() -> None:
     print(summary(rows))
 
 
-# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH), not the default
-# (min_tile 16, 8 warps, 3 stages), which faulted on the H200 with Triton 3.6 in two leases:
-# tiles padded to 64 (the landmark programs' 64 x 64 products run there), one pipeline stage
-# (49 KB of shared memory instead of 111-136), fewer warps. ~25 s each on a fresh machine.
+# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH): the default (min_tile
+# 16, 8 warps, 3 stages; it faulted in float32 on the H200 with Triton 3.6 in two leases, and
+# no lease has run it in bf16), tiles padded to 64 (the landmark programs' 64 x 64 products
+# run there), one pipeline stage (49 KB of shared memory instead of 111-136). ~20 s each on a
+# fresh machine.
 HYBRID_MATRIX = [
+    "min_tile=16,num_warps=8,num_stages=3",
     "min_tile=64,num_warps=8,num_stages=3",
     "min_tile=16,num_warps=8,num_stages=1",
     "min_tile=64,num_warps=8,num_stages=1",
-    "min_tile=64,num_warps=4,num_stages=1",
 ]
+# The operand widths the hybrid's kernel serves in this run (all, unless the matrix found
+# one of them faulting with the setting it chose).
+HYBRID_WIDTHS = ["16-bit", "32-bit"]
+WIDTH = {"bfloat16": "16-bit", "float32": "32-bit"}
+
+
+def chosen_setting(rows: list[dict]) -> tuple[str, list[str]]:
+    """The first HYBRID_MATRIX setting with the most operand widths passing, and those."""
+    best = ("", [])
+    for setting in HYBRID_MATRIX:
+        ok = [WIDTH[r["dtype"]] for r in rows if r["setting"] == setting and r["status"] == "ok"]
+        if len(ok) > len(best[1]):
+            best = (setting, sorted(ok))
+    return best
 
 
 def hybrid_matrix(toy: bool) -> list[dict]:
     """Each HYBRID_MATRIX setting in a process of its own (a fault ends the CUDA context):
-    the hybrid kernel's error against float64 in fp32 and bf16 beside the torch path's, its
-    GPU time, or how the process ended."""
+    per dtype (bf16 first, then fp32), the hybrid kernel's error against float64 beside the
+    torch path's and its GPU time, or how the process ended before that dtype's row."""
     rows = []
     for setting in HYBRID_MATRIX:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--hybrid-probe"]
@@ -165,21 +183,32 @@ def hybrid_matrix(toy: bool) -> list[dict]:
                 cmd + ["--toy"] * toy, env=env, capture_output=True, text=True, timeout=240
             )
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-            found = [json.loads(line) for line in lines]
-            status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
-            if status == "ok" and not all(r["within"] for r in found):
-                status = "off float64"
+            found = {r["dtype"]: r for r in map(json.loads, lines)}
+            ended = "ok" if done.returncode == 0 else f"exit {done.returncode}"
             why = (done.stderr.strip().splitlines() or [""])[-1][:200]
         except subprocess.TimeoutExpired:
-            found, status, why = [], "timeout", ""
-        rows += [{"setting": setting, "status": status, **r} for r in found] or [
-            {"setting": setting, "status": status, "why": why}
-        ]
-        print(f"hybrid {setting:<38} {status:<12} " + "  ".join(
-            f"{r['dtype']} {r['error']:.2e} (torch {r['torch_error']:.2e}) {r['gpu_us']:.0f} us"
-            for r in found
-        ) + (f"  {why}" if status != "ok" else ""), flush=True)  # fmt: skip
+            found, ended, why = {}, "timeout", ""
+        for dtype in PROBE_DTYPES:
+            row = {"setting": setting, "dtype": dtype, **found.get(dtype, {})}
+            if dtype in found:
+                row["status"] = "ok" if found[dtype]["within"] else "off float64"
+            else:  # the process ended before this row: a fault, a timeout, an error
+                row.update(status=ended if ended != "ok" else "missing", why=why)
+            rows.append(row)
+            print(f"hybrid {setting:<38} {dtype:<9} {row['status']:<12} " + (
+                f"{row['error']:.2e} (torch {row['torch_error']:.2e}) {row['gpu_us']:.0f} us"
+                if dtype in found else why
+            ), flush=True)  # fmt: skip
     return rows
+
+
+PROBE_DTYPES = ("bfloat16", "float32")  # bf16 first: the bench's rows, and no lease reached it
+
+
+def kernel_serves(path: str, dtype) -> bool:
+    """Whether the row ``path`` runs its own kernel in ``dtype``: not the hybrid's kernel in a
+    width the matrix found faulting (the row would time the torch path under its name)."""
+    return path != "hybrid-triton" or WIDTH[str(dtype).split(".")[-1]] in HYBRID_WIDTHS
 
 
 def hybrid_probe(torch, device, n: int) -> None:
@@ -190,7 +219,7 @@ def hybrid_probe(torch, device, n: int) -> None:
     exact = inputs(torch, device, n, torch.float64, grad=False, seed=1)
     with torch.no_grad():
         want = core(torch, "hybrid-torch")(*exact)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (getattr(torch, name) for name in PROBE_DTYPES):
             x = [t.to(dtype) for t in exact]
             errors = {}
             for path in ("hybrid-torch", "hybrid-triton"):
@@ -250,7 +279,9 @@ def core(torch, path: str):
         return build_attention({"name": "softmax"})
     nystrom_gpu.HAS_TRITON = path.endswith(("-triton", "-fused", "-graphed")) and _triton_found()
     # The kernels no GPU has checked yet, on for the rows that check them.
-    nystrom_gpu.CHECKED_ON_GPU["hybrid"] = path == "hybrid-triton"
+    for width in ("16-bit", "32-bit"):
+        on = path == "hybrid-triton" and width in HYBRID_WIDTHS
+        nystrom_gpu.CHECKED_ON_GPU[f"hybrid-{width}"] = on
     nystrom_gpu.CHECKED_ON_GPU["inference"] = path in ("nystrom-fused", "nystrom-graphed")
     nystrom_gpu.CHECKED_ON_GPU["graph"] = path == "nystrom-graphed"
     if path.startswith("hybrid"):
@@ -319,6 +350,8 @@ def equality(torch, device, n: int) -> list[dict]:
             for dtype in (torch.float32, torch.bfloat16):
                 x = [t.to(dtype) for t in exact_inputs]
                 for path in paths:
+                    if not kernel_serves(path, dtype):
+                        continue
                     attention = core(torch, path)
                     for _ in range(3 if path == "nystrom-graphed" else 1):
                         got = attention(*x)  # a graph's: seen, captured, then replayed
@@ -386,6 +419,8 @@ def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], o
         return None
     if (row.startswith("hybrid") or row in ("nystrom-fused", "nystrom-graphed")) and train:
         return None  # their kernels serve inference only
+    if not kernel_serves(row, dtype):
+        return None
     attention = core(torch, row)
     q, k, v = inputs(torch, device, n, dtype, grad=train)
     if train:

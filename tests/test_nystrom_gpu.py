@@ -391,13 +391,56 @@ def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
     rows = gpu_profile.hybrid_matrix(toy=True)
     ran = [r for r in rows if r["setting"] == "min_tile=64,num_stages=1"]
     assert [(r["status"], r["dtype"], r["min_tile"]) for r in ran] == [
-        ("ok", "float32", 64),
         ("ok", "bfloat16", 64),
+        ("ok", "float32", 64),
     ]
     for r in ran:
         assert r["error"] <= 1.25 * r["torch_error"] + 1e-6 and r["within"]
-    assert rows[-1]["setting"] == "min_tile=0" and rows[-1]["status"] == "exit 1"
-    assert "NYS_HYBRID_LAUNCH" in rows[-1]["why"]
+    ended = [r for r in rows if r["setting"] == "min_tile=0"]
+    assert [(r["dtype"], r["status"]) for r in ended] == [
+        ("bfloat16", "exit 1"),
+        ("float32", "exit 1"),
+    ]
+    assert all("NYS_HYBRID_LAUNCH" in r["why"] for r in ended)
+    assert gpu_profile.chosen_setting(rows) == ("min_tile=64,num_stages=1", ["16-bit", "32-bit"])
+
+
+def test_the_hybrid_setting_chosen_is_the_first_with_the_most_widths(monkeypatch) -> None:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import gpu_profile
+
+    monkeypatch.setattr(gpu_profile, "HYBRID_MATRIX", ["a", "b", "c"])
+    rows = [
+        {"setting": "a", "dtype": "bfloat16", "status": "ok"},
+        {"setting": "a", "dtype": "float32", "status": "exit -6"},  # faulted after bf16
+        {"setting": "b", "dtype": "bfloat16", "status": "off float64"},
+        {"setting": "b", "dtype": "float32", "status": "ok"},
+        {"setting": "c", "dtype": "bfloat16", "status": "ok"},
+        {"setting": "c", "dtype": "float32", "status": "ok"},
+    ]
+    assert gpu_profile.chosen_setting(rows) == ("c", ["16-bit", "32-bit"])
+    assert gpu_profile.chosen_setting(rows[:4]) == ("a", ["16-bit"])
+    assert gpu_profile.chosen_setting([{**r, "status": "exit -6"} for r in rows]) == ("", [])
+    monkeypatch.setattr(gpu_profile, "HYBRID_WIDTHS", ["16-bit"])
+    assert gpu_profile.kernel_serves("hybrid-triton", torch.bfloat16)
+    assert not gpu_profile.kernel_serves("hybrid-triton", torch.float32)
+    assert gpu_profile.kernel_serves("hybrid-torch", torch.float32)
+
+
+def test_the_hybrid_kernel_is_checked_per_operand_width(monkeypatch) -> None:
+    # bf16/fp16 work (inputs, or float32 under autocast) and float32 work are switched on apart
+    q = torch.zeros(1, 1, 256, 16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(nystrom_gpu, "applies", lambda q, v, m: True)
+    monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "hybrid-16-bit", True)
+    monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "hybrid-32-bit", False)
+    assert nystrom_gpu.hybrid_applies(q.bfloat16(), q, 16, 32)
+    assert not nystrom_gpu.hybrid_applies(q, q, 16, 32)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type: True)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.bfloat16)
+    assert nystrom_gpu.hybrid_applies(q, q, 16, 32)
 
 
 @pytest.mark.parametrize("m", [16, 40])

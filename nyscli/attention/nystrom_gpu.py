@@ -334,12 +334,10 @@ def _inference(
 
     b, h, n, d = q.shape
     m = q_land.shape[2]
-    operands = q.dtype
-    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-        # as SDPA would: its products in the autocast dtype; the kernels round the tiles as
-        # they read them, so no cast copies of q, k, v (SDPA's path casts k, v, then q: three
-        # copies at once here were most of the op's memory over SDPA's, lease 6)
-        operands = torch.get_autocast_dtype(q.device.type)
+    # Under autocast, as SDPA would: its products in the autocast dtype; the kernels round the
+    # tiles as they read them, so no cast copies of q, k, v (SDPA's path casts k, v, then q:
+    # three copies at once here were most of the op's memory over SDPA's, lease 6).
+    operands = operand_dtype(q)
     import triton.language as tl
 
     rounding = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -394,10 +392,7 @@ if HAS_CUSTOM_OPS:
 
     @nystrom_inference.register_fake
     def _(q, k, v, q_land, k_land, exists, key_padding_mask, iterations):  # noqa: ANN001, ANN202
-        dtype = q.dtype
-        if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-            dtype = torch.get_autocast_dtype(q.device.type)
-        return q.new_empty(q.shape, dtype=dtype)
+        return q.new_empty(q.shape, dtype=operand_dtype(q))
 else:
     nystrom_inference = _inference
 
@@ -435,11 +430,14 @@ HYBRID_LAUNCH.update(_launch_settings(os.environ.get("NYS_HYBRID_LAUNCH", "")))
 # Triton 3.6, two leases: an out-of-bounds shared-memory read, with tf32x3 products and with
 # them split by hand). The inference op equals float64 there (fp32 2.3e-7, bf16 2.4e-3 at
 # n = 4,096, docs/results/gpu-notes.md), so it is on. scripts/gpu_profile.py turns each on to
-# check it; NYS_GPU_CHECKED=hybrid,... turns them on in a process run after such a check passed
-# on the same machine (the bench that follows gpu_profile).
+# check it; NYS_GPU_CHECKED=hybrid-16-bit,... turns them on in a process run after such a check
+# passed on the same machine (the bench that follows gpu_profile). The hybrid's kernel is
+# checked per operand width: its bf16/fp16 products are not its float32 ones, and the
+# faults were in float32 (no lease has run it in bf16). "hybrid" names both widths.
 _CHECKED_NOW = set(os.environ.get("NYS_GPU_CHECKED", "").split(","))
 CHECKED_ON_GPU = {
-    "hybrid": "hybrid" in _CHECKED_NOW,
+    "hybrid-16-bit": bool({"hybrid", "hybrid-16-bit"} & _CHECKED_NOW),
+    "hybrid-32-bit": bool({"hybrid", "hybrid-32-bit"} & _CHECKED_NOW),
     "inference": True,
     "graph": "graph" in _CHECKED_NOW,  # graphs.py: captured and replayed on no GPU yet
 }
@@ -449,10 +447,18 @@ def _allowed(kernel: str, q: Tensor) -> bool:
     return CHECKED_ON_GPU[kernel] or TESTING or not q.is_cuda
 
 
+def operand_dtype(q: Tensor) -> torch.dtype:
+    """The dtype a core's products of q take: autocast's (not for float64), else q's."""
+    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        return torch.get_autocast_dtype(q.device.type)
+    return q.dtype
+
+
 def hybrid_applies(q: Tensor, v: Tensor, m: int, g: int) -> bool:
     """Whether ``hybrid_forward`` serves the Nyström-local hybrid with m landmarks and g heavy
     keys for q: (B, H, n, d), v: (B, H, n, d_v) here (inference only: no backward)."""
-    return _allowed("hybrid", q) and applies(q, v, m) and g <= MAX_HEAVY_KEYS
+    width = "hybrid-16-bit" if operand_dtype(q) in HALF else "hybrid-32-bit"
+    return _allowed(width, q) and applies(q, v, m) and g <= MAX_HEAVY_KEYS
 
 
 def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> Tensor:
@@ -471,9 +477,7 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
     b, h, n, d = q.shape
     m, g = parts.z.shape[-1], parts.heavy_b.shape[-1]
     dtype = _compute_dtype(q)
-    operands = q.dtype if q.dtype in HALF else dtype
-    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-        operands = torch.get_autocast_dtype(q.device.type)
+    operands = operand_dtype(q) if operand_dtype(q) in HALF else dtype
     tl_types = {torch.float64: tl.float64, torch.float32: tl.float32}
     tl_types.update({torch.bfloat16: tl.bfloat16, torch.float16: tl.float16})
     out = torch.empty(v.shape, dtype=operands if operands in HALF else v.dtype, device=v.device)
