@@ -42,6 +42,13 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
     shape = {"heads": i32, "scale": "fp32", "tiny": "fp32", "M": i32, "D": i32}
     tile = {"BM": 64, "BD": 64, "ITERS": 6, "HAS_E": True, "DT": tl.float32, "PREC": prec}
     bf16 = dict.fromkeys(("ql_ptr", "kl_ptr", "bv_ptr"), "*bf16")
+    f_w_types = {
+        **dict.fromkeys(("q_ptr", "kl_ptr", "out_ptr"), "*bf16"),
+        **{"w_ptr": f32, "e_ptr": "*i8", "heads": i32, "n": i32, "scale": "fp32"},
+        **{"M": i32, "D": i32},
+    }
+    f_w_tile = {"BQ": 64, "BM": 64, "BD": 64, "HAS_E": True, "PREC": prec, "HALF_DOT": True}
+    f_w_tile["OP"] = tl.float32  # bf16 tiles as they are
     rows = [
         (
             "landmark forward",
@@ -92,48 +99,12 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
             {"BM": 64, "BD": 64, "HAS_E": True},
             4,
         ),
+        ("F W (inference)", landmark.landmark_output, f_w_types, f_w_tile, 4),
         (
-            "F W (inference)",
+            "F W (inference, autocast)",  # float32 q and k~ read and rounded to bf16 in the kernel
             landmark.landmark_output,
-            {
-                "q_ptr": "*bf16",
-                "kl_ptr": "*bf16",
-                "w_ptr": f32,
-                "e_ptr": "*i8",
-                "out_ptr": "*bf16",
-                **{"heads": i32, "n": i32, "scale": "fp32", "M": i32, "D": i32},
-            },
-            {
-                "BQ": 64,
-                "BM": 64,
-                "BD": 64,
-                "HAS_E": True,
-                "PREC": prec,
-                "HALF_DOT": True,
-                "OP": tl.float32,
-            },  # fmt: skip
-            4,
-        ),
-        (
-            "F W (inference, autocast)",  # float32 q read and rounded to bf16 in the kernel
-            landmark.landmark_output,
-            {
-                "q_ptr": f32,
-                "kl_ptr": f32,
-                "w_ptr": f32,
-                "e_ptr": "*i8",
-                "out_ptr": "*bf16",
-                **{"heads": i32, "n": i32, "scale": "fp32", "M": i32, "D": i32},
-            },
-            {
-                "BQ": 64,
-                "BM": 64,
-                "BD": 64,
-                "HAS_E": True,
-                "PREC": prec,
-                "HALF_DOT": True,
-                "OP": tl.bfloat16,
-            },  # fmt: skip
+            {**f_w_types, "q_ptr": f32, "kl_ptr": f32},
+            {**f_w_tile, "OP": tl.bfloat16},
             4,
         ),
         (

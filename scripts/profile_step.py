@@ -2,7 +2,7 @@
 """Where one training step of the paper's LRA model spends its time .
 
     .venv/bin/python scripts/profile_step.py --task listops --attention nystrom [--threads 2]
-        [--device cuda] [--compile]
+        [--device cuda] [--precision bf16] [--compile]
 
 The model of ``nys lra`` (conf/model/lra.yaml: 2 pre-LN blocks, width 64, 2 heads, FFN 128,
 dropout 0.1; Nyström-64 with its conv skip 35) on one batch of 32 full-length sequences, one
@@ -54,8 +54,11 @@ def attention_config(name: str, conv: bool) -> dict:
     return {"name": name}
 
 
-def make_step(task: str, attention: str, variant: str, device: str) -> Callable[[], None]:
-    """One training step of ``variant`` on a fixed random batch (seeded), on ``device``."""
+def make_step(
+    task: str, attention: str, variant: str, device: str, precision: str = "fp32"
+) -> Callable[[], None]:
+    """One training step of ``variant`` on a fixed random batch (seeded), on ``device``,
+    under autocast to bf16 for ``precision`` "bf16" (the trainer's ``trainer.precision``)."""
     spec = TASKS[task]
     torch.manual_seed(0)
     model = build_classifier(
@@ -78,12 +81,15 @@ def make_step(task: str, attention: str, variant: str, device: str) -> Callable[
     mask = torch.ones(BATCH, spec["n"], dtype=torch.bool, device=device)
     labels = torch.randint(0, spec["classes"], (BATCH,), device=device)
 
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
+
     def step() -> None:
         if variant == "forward only":
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 model(ids, mask)
             return
-        loss = nn.functional.cross_entropy(forward(ids, mask), labels)
+        with autocast:
+            loss = nn.functional.cross_entropy(forward(ids, mask), labels)
         loss.backward()
         if variant != "no optimizer":
             optimizer.step()
@@ -157,7 +163,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile's step")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (fp32, as nys lra trains)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="as trainer.precision"
+    )
     opts = parser.parse_args()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -166,7 +175,9 @@ def main() -> None:
         variants.insert(2, "no conv skip")
     if opts.compile:
         variants.append("compiled")
-    steps = {v: make_step(opts.task, opts.attention, v, opts.device) for v in variants}
+    steps = {
+        v: make_step(opts.task, opts.attention, v, opts.device, opts.precision) for v in variants
+    }
     for v, step in steps.items():  # warm-up: allocator, first-call kernels, compiling
         warm = timed(step)
         if v == "compiled":
@@ -187,7 +198,8 @@ def main() -> None:
     tokens = BATCH * TASKS[opts.task]["n"]
     print(
         f"{opts.task} n={TASKS[opts.task]['n']}, {opts.attention}, batch {BATCH}, "
-        f"{opts.device}, {torch.get_num_threads()} threads, {opts.repeats} rounds"
+        f"{opts.device}, {opts.precision}, {torch.get_num_threads()} threads, "
+        f"{opts.repeats} rounds"
     )
     print(
         f"full step {1000 * full:.0f} ms ({tokens / full:,.0f} tokens/s); forward alone "
