@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -17,6 +18,7 @@ except ImportError:  # pragma: no cover
     from click import get_current_context
     from click.core import ParameterSource
 
+from nyscli import gpu_env
 from nyscli.allocator import reexec_with_tcmalloc
 from nyscli.console import say_error
 from nyscli.errors import UserInputError, describe_os_error
@@ -425,6 +427,7 @@ def main() -> None:
     First of all it re-executes itself on tcmalloc where that is installed (``nyscli.allocator``:
     before torch allocates, and before the signal handlers, which an exec would drop)."""
     try:
+        gpu_env.check(os.environ)  # the GPU path's switches, before torch is imported
         reexec_with_tcmalloc()
     except UserInputError as error:
         say_error(str(error))

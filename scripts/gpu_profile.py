@@ -92,6 +92,7 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
+    from nyscli import gpu_env
     from nyscli.attention import nystrom_gpu
 
     if args.toy:
@@ -116,7 +117,7 @@ def main() -> None:
         write_csv(out / "hybrid-matrix.csv", found)
         setting, widths = chosen_setting(found)
         if widths:  # the rest of the run launches the hybrid's kernel so, for these widths
-            nystrom_gpu.HYBRID_LAUNCH.update(nystrom_gpu._launch_settings(setting))
+            nystrom_gpu.HYBRID_LAUNCH.update(gpu_env.hybrid_launch(setting))
             HYBRID_WIDTHS[:] = widths
             checked = ",".join(f"hybrid-{w}" for w in widths)
             print(f"hybrid kernel: NYS_HYBRID_LAUNCH={setting} NYS_GPU_CHECKED={checked}")

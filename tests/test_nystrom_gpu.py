@@ -505,15 +505,40 @@ def test_hybrid_kernel_equals_the_torch_path_in_float64(
         assert torch.allclose(again[1, :, : n - 37], got[1, :, : n - 37], atol=1e-12)
 
 
-def test_hybrid_launch_settings_read_known_whole_numbers() -> None:
-    read = nystrom_gpu._launch_settings
+def test_gpu_switches_read_known_names_and_whole_numbers() -> None:
+    from nyscli import gpu_env
+    from nyscli.errors import UserInputError
+
+    read = gpu_env.hybrid_launch
     assert read("") == {} and read(" min_tile=64, num_stages=1 ") == {
         "min_tile": 64,
         "num_stages": 1,
     }
     for bad in ("min_tile=0", "num_stages=two", "stages=1", "num_warps", "min_tile=-4"):
-        with pytest.raises(ValueError, match="NYS_HYBRID_LAUNCH"):
+        with pytest.raises(UserInputError, match="NYS_HYBRID_LAUNCH: '.*' is not one of"):
             read(bad)
+    assert gpu_env.checked(" graph,hybrid-16-bit,") == {"graph", "hybrid-16-bit"}
+    with pytest.raises(UserInputError, match="NYS_GPU_CHECKED: 'hybird' is not one of"):
+        gpu_env.checked("graph,hybird")
+
+
+@pytest.mark.parametrize(
+    "variable, value", [("NYS_HYBRID_LAUNCH", "min_tile=zero"), ("NYS_GPU_CHECKED", "grpah")]
+)
+def test_nys_refuses_a_bad_gpu_switch_in_one_line(tmp_path, variable, value) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, variable: value}
+    done = subprocess.run(
+        [sys.executable, "-m", "nyscli.cli", "bench", "--seq-len", "64"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, output
+    assert len(output.splitlines()) == 1 and variable in output and value in output, output
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_hybrid_kernel_gates_like_the_torch_path(monkeypatch) -> None:

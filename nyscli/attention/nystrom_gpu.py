@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nyscli import gpu_env
+
 # The register tile a program holds: m and d are padded up to powers of two of at least 16
 # (tl.dot's smallest), and beyond these the m x m iterates would spill out of registers.
 MAX_LANDMARKS = 64
@@ -404,25 +406,12 @@ HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 # ``min_tile`` (16 gives products of 64 x 16 x 16; the landmark programs, which run on the
 # H200, multiply 64 x 64 tiles), warps, and the band loops' pipeline stages (3: 111 KB of
 # shared memory in float32 at budget 128, 1: 49 KB; ptxas, sm_90, Triton 3.6). The kernel
-# faults on the H200 with (16, 8, 3); scripts/gpu_profile.py --hybrid-matrix tries the others,
-# each in a process of its own, and NYS_HYBRID_LAUNCH="min_tile=64,num_stages=1" sets them.
-HYBRID_LAUNCH = {"min_tile": 16, "num_warps": 8, "num_stages": 3}
-
-
-def _launch_settings(text: str) -> dict[str, int]:
-    """HYBRID_LAUNCH's entries from "key=value,...": known keys, whole numbers >= 1."""
-    settings = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in HYBRID_LAUNCH or not value.isdigit() or int(value) < 1:
-            raise ValueError(
-                f"NYS_HYBRID_LAUNCH: {item!r} is not one of {sorted(HYBRID_LAUNCH)}=<int >= 1>"
-            )
-        settings[key] = int(value)
-    return settings
-
-
-HYBRID_LAUNCH.update(_launch_settings(os.environ.get("NYS_HYBRID_LAUNCH", "")))
+# faults in float32 on the H200 with (16, 8, 3); scripts/gpu_profile.py --hybrid-matrix tries
+# others, each in a process of its own; NYS_HYBRID_LAUNCH="min_tile=64,num_stages=1" sets them.
+HYBRID_LAUNCH = {
+    **gpu_env.HYBRID_LAUNCH_DEFAULT,
+    **gpu_env.hybrid_launch(os.environ.get(gpu_env.HYBRID_LAUNCH_ENV, "")),
+}
 
 
 # Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
@@ -434,7 +423,7 @@ HYBRID_LAUNCH.update(_launch_settings(os.environ.get("NYS_HYBRID_LAUNCH", "")))
 # passed on the same machine (the bench that follows gpu_profile). The hybrid's kernel is
 # checked per operand width: its bf16/fp16 products are not its float32 ones, and the
 # faults were in float32 (no lease has run it in bf16). "hybrid" names both widths.
-_CHECKED_NOW = set(os.environ.get("NYS_GPU_CHECKED", "").split(","))
+_CHECKED_NOW = gpu_env.checked(os.environ.get(gpu_env.CHECKED_ENV, ""))
 CHECKED_ON_GPU = {
     "hybrid-16-bit": bool({"hybrid", "hybrid-16-bit"} & _CHECKED_NOW),
     "hybrid-32-bit": bool({"hybrid", "hybrid-32-bit"} & _CHECKED_NOW),
