@@ -733,7 +733,10 @@ def test_graphs_stay_off_a_gpu_until_checked_and_copies_start_without_them(monke
     assert not nystrom_gpu.CHECKED_ON_GPU["graph"]
     assert not nystrom_gpu.graph_applies(q, None)
     monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "graph", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert nystrom_gpu.graph_applies(q, None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not nystrom_gpu.graph_applies(q, None)  # inside the caller's own capture
     core = NystromAttention(num_landmarks=16)
     core.graphs.graphs[("layout",)] = (None, None)
     assert copy.deepcopy(core).graphs.graphs == {}

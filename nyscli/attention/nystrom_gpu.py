@@ -277,13 +277,15 @@ GRAPHS_ON_CPU = False  # set by tests only, with a stand-in for the graph (a CPU
 def graph_applies(q: Tensor, key_padding_mask: Tensor | None) -> bool:
     """Whether an inference call on q: (B, H, n, d) (``inference_applies``) is replayed from
     a CUDA graph: launch-bound, no padding mask (whose lengths the core reads on the host),
-    outside torch.compile (which makes its own)."""
+    outside torch.compile (which makes its own) and outside the caller's own capture."""
     b, h, n = q.shape[:3]
     return (
         (CHECKED_ON_GPU["graph"] and q.is_cuda or GRAPHS_ON_CPU)
         and key_padding_mask is None
         and b * h * n <= GRAPH_MAX_ROWS
         and not torch.compiler.is_compiling()
+        # inside a capture of the caller's own (a graph cannot capture another)
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     )
 
 
