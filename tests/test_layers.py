@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "nyscli.paths",
         "nyscli.overrides",
         "nyscli.allocator",
+        "nyscli.gpu_env",
         "nyscli.conf",
     ),
     ("nyscli.attention",),
