@@ -79,7 +79,7 @@ def parse() -> argparse.Namespace:
         "--hybrid-matrix",
         action="store_true",
         help="first, the hybrid kernel at each of HYBRID_MATRIX's launch settings, each in a "
-        "process of its own; then the rest with the first that equals the torch path",
+        "process of its own; then the rest with the first passing in the most widths",
     )
     parser.add_argument("--hybrid-probe", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -175,10 +175,12 @@ def hybrid_matrix(toy: bool) -> list[dict]:
     """Each HYBRID_MATRIX setting in a process of its own (a fault ends the CUDA context):
     per dtype (bf16 first, then fp32), the hybrid kernel's error against float64 beside the
     torch path's and its GPU time, or how the process ended before that dtype's row."""
+    from nyscli import gpu_env
+
     rows = []
     for setting in HYBRID_MATRIX:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--hybrid-probe"]
-        env = {**os.environ, "NYS_HYBRID_LAUNCH": setting}
+        env = {**os.environ, gpu_env.HYBRID_LAUNCH_ENV: setting}
         try:
             done = subprocess.run(
                 cmd + ["--toy"] * toy, env=env, capture_output=True, text=True, timeout=240

@@ -191,9 +191,7 @@ class NystromAttention(Core):
             return self.recomputed_approximation(q, k, v, key_padding_mask)
         if (
             self.landmarks == "segment_means"  # the others draw on the host: no capture
-            and self.uses_triton(q, v)
-            and not backward_follows(q, k, v)
-            and nystrom_gpu.inference_applies(q)
+            and self.uses_inference_op(q, k, v)
             and nystrom_gpu.graph_applies(q, key_padding_mask)
         ):
             # launch-bound: the same call replayed from a CUDA graph (graphs.py)
@@ -226,11 +224,7 @@ class NystromAttention(Core):
     ) -> Tensor:
         """:meth:`approximate` over all of q's heads in one go (the general path)."""
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
-        if (
-            self.uses_triton(q, v)
-            and not backward_follows(q, k, v)
-            and nystrom_gpu.inference_applies(q)
-        ):
+        if self.uses_inference_op(q, k, v):
             return nystrom_gpu.nystrom_inference(
                 q, k, v, q_land, k_land, exists, key_padding_mask, self.pinv_iterations
             )
@@ -253,6 +247,14 @@ class NystromAttention(Core):
             and key_padding_mask is None
             and q.shape[2] % self.num_landmarks == 0
             and fused_path_applies(q, k, v)
+        )
+
+    def uses_inference_op(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether this call is ``nystrom_gpu``'s inference op: the GPU path, no gradient."""
+        return (
+            self.uses_triton(q, v)
+            and not backward_follows(q, k, v)
+            and nystrom_gpu.inference_applies(q)
         )
 
     def uses_triton(self, q: Tensor, v: Tensor) -> bool:

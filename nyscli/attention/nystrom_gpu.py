@@ -112,6 +112,15 @@ def _products(operands: torch.dtype) -> str:
     return PRODUCTS["16-bit" if operands in HALF else "32-bit"]
 
 
+@cache
+def _triton_dtype(dtype: torch.dtype) -> Any:
+    """Triton's name for a torch dtype the kernels take."""
+    import triton.language as tl
+
+    names = {torch.float64: tl.float64, torch.float32: tl.float32}
+    return {**names, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
 def _how(kernel: str, operands: torch.dtype) -> dict[str, Any]:
     """The launch settings of one landmark kernel in work on ``operands``: products, warps."""
     products = _products(operands)
@@ -342,10 +351,7 @@ def _inference(
     # tiles as they read them, so no cast copies of q, k, v (SDPA's path casts k, v, then q:
     # three copies at once here were most of the op's memory over SDPA's, lease 6).
     operands = operand_dtype(q)
-    import triton.language as tl
-
-    rounding = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-    op = rounding[operands] if operands in HALF and q.dtype != operands else tl.float32
+    op = _triton_dtype(operands if operands in HALF and q.dtype != operands else torch.float32)
     q, k, v, q_land, k_land = (x.contiguous() for x in (q, k, v, q_land, k_land))
     wide = q.dtype == torch.float64
     dtype = _compute_dtype(q)
@@ -461,16 +467,13 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
     that dtype with float32 sums, the tiles rounded as they are read (no cast copies of q, k,
     v); the output is in that dtype. Everything else is float32 (float64 for float64 inputs).
     """
-    import triton.language as tl
-
     from nyscli.attention.nystrom_local_kernels import hybrid_forward as kernel
 
     b, h, n, d = q.shape
     m, g = parts.z.shape[-1], parts.heavy_b.shape[-1]
     dtype = _compute_dtype(q)
-    operands = operand_dtype(q) if operand_dtype(q) in HALF else dtype
-    tl_types = {torch.float64: tl.float64, torch.float32: tl.float32}
-    tl_types.update({torch.bfloat16: tl.bfloat16, torch.float16: tl.float16})
+    operands = operand_dtype(q)
+    operands = operands if operands in HALF else dtype
     out = torch.empty(v.shape, dtype=operands if operands in HALF else v.dtype, device=v.device)
     grid = (b * h, -(-n // HYBRID_BLOCK))
     kernel[grid](
@@ -498,8 +501,8 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
         BM=_block(max(m, HYBRID_LAUNCH["min_tile"])),
         BG=_block(max(g, HYBRID_LAUNCH["min_tile"])),
         BD=_block(d),
-        OP=tl_types[operands],
-        DT=tl_types[dtype],
+        OP=_triton_dtype(operands),
+        DT=_triton_dtype(dtype),
         NATIVE=not interpreting(),
         num_warps=HYBRID_LAUNCH["num_warps"],
         num_stages=HYBRID_LAUNCH["num_stages"],

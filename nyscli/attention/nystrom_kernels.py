@@ -239,8 +239,11 @@ def pinv(
 def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
     """x rounded to OP (to nearest, ties to even), in OP on a GPU; in Triton's interpreter,
     whose bf16 cast truncates and whose half-precision dot is not right, the same values
-    held in float32. (One return, after constexpr branches: no early return in a kernel.)"""
-    if NATIVE:
+    held in float32. OP float32: x as it is, in its own dtype. (One return, after constexpr
+    branches: no early return in a kernel.)"""
+    if OP == tl.float32:  # noqa: SIM300 (OP is a parameter, not a constant)
+        out = x
+    elif NATIVE:
         out = x.to(OP)
     elif OP == tl.bfloat16:  # noqa: SIM300 (OP is a parameter, not a constant)
         bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
@@ -300,8 +303,7 @@ def landmark_attention_split(
     dims = tl.arange(0, BD)
     tile = (rows[:, None] < M) & (dims[None, :] < D)
     ql = tl.load(ql_ptr + head * M * D + rows[:, None] * D + dims[None, :], mask=tile, other=0.0)
-    if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
-        ql = rounded(ql, OP, HALF_DOT)
+    ql = rounded(ql, OP, HALF_DOT)
     top = tl.full((BM,), float("-inf"), dtype=DT)
     total = tl.zeros((BM,), dtype=DT)
     acc = tl.zeros((BM, BD), dtype=DT)
@@ -312,8 +314,7 @@ def landmark_attention_split(
         inside = cols < hi
         at = head * n * D + cols[:, None] * D + dims[None, :]
         kt = tl.load(k_ptr + at, mask=inside[:, None] & (dims[None, :] < D), other=0.0)
-        if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
-            kt = rounded(kt, OP, HALF_DOT)
+        kt = rounded(kt, OP, HALF_DOT)
         s = product(ql, tl.trans(kt), PREC, HALF_DOT).to(DT) * scale
         ok = inside
         if HAS_KEEP:
@@ -326,8 +327,7 @@ def landmark_attention_split(
         p = tl.exp(s - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         vt = tl.load(v_ptr + at, mask=inside[:, None] & (dims[None, :] < D), other=0.0)
-        if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
-            vt = rounded(vt, OP, HALF_DOT)
+        vt = rounded(vt, OP, HALF_DOT)
         if HALF_DOT:  # as flash attention: the weights in V's dtype for the tensor cores
             p = p.to(vt.dtype)
         acc = acc * alpha[:, None] + product(p, vt, PREC, HALF_DOT).to(DT)
@@ -413,9 +413,7 @@ def landmark_output(
     q = tl.load(q_ptr + at, mask=q_tile, other=0.0)
     kl = tl.load(kl_ptr + head * M * D + lm[:, None] * D + dims[None, :], mask=l_tile, other=0.0)
     w = tl.load(w_ptr + head * M * D + lm[:, None] * D + dims[None, :], mask=l_tile, other=0.0)
-    if OP != tl.float32:  # noqa: SIM300 (OP is a parameter)
-        q = rounded(q, OP, HALF_DOT)
-        kl = rounded(kl, OP, HALF_DOT)
+    q, kl = rounded(q, OP, HALF_DOT), rounded(kl, OP, HALF_DOT)
     s = product(q, tl.trans(kl), PREC, HALF_DOT)
     s = s.to(w.dtype) * scale
     ok = lm < M
