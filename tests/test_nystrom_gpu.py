@@ -609,7 +609,7 @@ def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[2:]]
-    assert len(rows) == 7, done.stdout  # F W twice: bf16 tiles, and float32 rounded
+    assert len(rows) == 8, done.stdout  # F W thrice: bf16, bf16 beside float32 k~, float32
     for row in rows:  # ... registers, stack, shared, seconds
         assert int(row[-4]) <= 255 and int(row[-3]) <= 1024, row  # at most 1 KB of stack
 

@@ -112,6 +112,15 @@ def _products(operands: torch.dtype) -> str:
     return PRODUCTS["16-bit" if operands in HALF else "32-bit"]
 
 
+def rounding(operands: torch.dtype) -> Any:
+    """The Triton dtype the inference kernels round their q, k, v and landmark tiles to in
+    work on ``operands``: the half dtype itself, also when q is already in it, because the
+    landmarks can be float32 beside bf16 q (padded segment means divide by float32 counts),
+    and a compiled dot refuses bf16 by float32 (the LRA Text step, lease 7); float32 work
+    keeps its tiles as they are."""
+    return _triton_dtype(operands if operands in HALF else torch.float32)
+
+
 @cache
 def _triton_dtype(dtype: torch.dtype) -> Any:
     """Triton's name for a torch dtype the kernels take."""
@@ -351,7 +360,7 @@ def _inference(
     # tiles as they read them, so no cast copies of q, k, v (SDPA's path casts k, v, then q:
     # three copies at once here were most of the op's memory over SDPA's, lease 6).
     operands = operand_dtype(q)
-    op = _triton_dtype(operands if operands in HALF and q.dtype != operands else torch.float32)
+    op = rounding(operands)
     q, k, v, q_land, k_land = (x.contiguous() for x in (q, k, v, q_land, k_land))
     wide = q.dtype == torch.float64
     dtype = _compute_dtype(q)
