@@ -20,8 +20,10 @@ CHECKED_ENV = "NYS_GPU_CHECKED"
 HYBRID_LAUNCH_ENV = "NYS_HYBRID_LAUNCH"
 # "hybrid" names both widths of the hybrid's kernel.
 CHECKABLE = ("hybrid", "hybrid-16-bit", "hybrid-32-bit", "inference", "graph")
-# Landmark and heavy-key tiles padded to at least min_tile, warps, the band loops' stages.
-HYBRID_LAUNCH_DEFAULT = {"min_tile": 16, "num_warps": 8, "num_stages": 3}
+# Landmark and heavy-key tiles padded to at least min_tile, warps, the band loops' stages:
+# what passed against float64 in both widths and ran fastest on the H200 (lease 7,
+# docs/results/gpu/2026-11-28-h200-lease7-hybrid-matrix.csv; min_tile 16 faults there).
+HYBRID_LAUNCH_DEFAULT = {"min_tile": 64, "num_warps": 8, "num_stages": 1}
 
 
 def checked(text: str) -> set[str]:

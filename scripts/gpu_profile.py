@@ -144,11 +144,10 @@ def main() -> None:
     print(summary(rows))
 
 
-# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH): the default (min_tile
-# 16, 8 warps, 3 stages; it faulted in float32 on the H200 with Triton 3.6 in two leases, and
-# no lease has run it in bf16), tiles padded to 64 (the landmark programs' 64 x 64 products
-# run there), one pipeline stage (49 KB of shared memory instead of 111-136). ~20 s each on a
-# fresh machine.
+# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH): tiles padded to 16
+# or 64 (16 faulted on the H200 with Triton 3.6 in three leases, in both widths in lease 7;
+# 64 passed), 3 or 1 pipeline stages (111 or 49 KB of shared memory in float32). ~20 s each
+# on a fresh machine.
 HYBRID_MATRIX = [
     "min_tile=16,num_warps=8,num_stages=3",
     "min_tile=64,num_warps=8,num_stages=3",
@@ -162,12 +161,14 @@ WIDTH = {"bfloat16": "16-bit", "float32": "32-bit"}
 
 
 def chosen_setting(rows: list[dict]) -> tuple[str, list[str]]:
-    """The first HYBRID_MATRIX setting with the most operand widths passing, and those."""
-    best = ("", [])
+    """The HYBRID_MATRIX setting with the most operand widths passing, and those; among
+    settings passing as many, the one with the least GPU time over them (then the first)."""
+    best, rank = ("", []), (0, 0.0)
     for setting in HYBRID_MATRIX:
-        ok = [WIDTH[r["dtype"]] for r in rows if r["setting"] == setting and r["status"] == "ok"]
-        if len(ok) > len(best[1]):
-            best = (setting, sorted(ok))
+        ok = [r for r in rows if r["setting"] == setting and r["status"] == "ok"]
+        here = (len(ok), -sum(r.get("gpu_us", 0.0) for r in ok))
+        if ok and here > rank:
+            best, rank = (setting, sorted(WIDTH[r["dtype"]] for r in ok)), here
     return best
 
 

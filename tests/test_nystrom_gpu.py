@@ -10,6 +10,7 @@ import torch._dynamo
 
 from nyscli.attention import build_attention, nystrom_gpu
 from nyscli.attention.nystrom import NystromAttention
+from nyscli.errors import UserInputError
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -405,7 +406,7 @@ def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
     assert gpu_profile.chosen_setting(rows) == ("min_tile=64,num_stages=1", ["16-bit", "32-bit"])
 
 
-def test_the_hybrid_setting_chosen_is_the_first_with_the_most_widths(monkeypatch) -> None:
+def test_the_hybrid_setting_chosen_has_the_most_widths_then_the_least_time(monkeypatch) -> None:
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -422,11 +423,26 @@ def test_the_hybrid_setting_chosen_is_the_first_with_the_most_widths(monkeypatch
     ]
     assert gpu_profile.chosen_setting(rows) == ("c", ["16-bit", "32-bit"])
     assert gpu_profile.chosen_setting(rows[:4]) == ("a", ["16-bit"])
+    timed = [{**r, "gpu_us": 100.0} for r in rows[:4]]
+    timed[3]["gpu_us"] = 50.0  # b's float32 beats a's bf16: as many widths, less time
+    assert gpu_profile.chosen_setting(timed) == ("b", ["32-bit"])
     assert gpu_profile.chosen_setting([{**r, "status": "exit -6"} for r in rows]) == ("", [])
     monkeypatch.setattr(gpu_profile, "HYBRID_WIDTHS", ["16-bit"])
     assert gpu_profile.kernel_serves("hybrid-triton", torch.bfloat16)
     assert not gpu_profile.kernel_serves("hybrid-triton", torch.float32)
     assert gpu_profile.kernel_serves("hybrid-torch", torch.float32)
+
+
+def test_kernels_checked_on_the_h200_are_on_and_the_switch_names_others() -> None:
+    assert all(nystrom_gpu.checked_on_gpu("", nystrom_gpu.CHECKED_ON_H200).values())
+    assert nystrom_gpu.checked_on_gpu("", set()) == dict.fromkeys(
+        ("hybrid-16-bit", "hybrid-32-bit", "inference", "graph"), False
+    )
+    assert nystrom_gpu.checked_on_gpu("hybrid, graph", set()) == {
+        "hybrid-16-bit": True, "hybrid-32-bit": True, "inference": False, "graph": True
+    }  # fmt: skip
+    with pytest.raises(UserInputError, match="NYS_GPU_CHECKED: 'grpah' is not one of"):
+        nystrom_gpu.checked_on_gpu("grpah", set())
 
 
 def test_the_hybrid_kernel_is_checked_per_operand_width(monkeypatch) -> None:
@@ -507,7 +523,6 @@ def test_hybrid_kernel_equals_the_torch_path_in_float64(
 
 def test_gpu_switches_read_known_names_and_whole_numbers() -> None:
     from nyscli import gpu_env
-    from nyscli.errors import UserInputError
 
     read = gpu_env.hybrid_launch
     assert read("") == {} and read(" min_tile=64, num_stages=1 ") == {
@@ -730,7 +745,7 @@ def test_graphs_stay_off_a_gpu_until_checked_and_copies_start_without_them(monke
 
     q = torch.zeros(1, 1, 8, 16, device="meta")
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    assert not nystrom_gpu.CHECKED_ON_GPU["graph"]
+    monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "graph", False)
     assert not nystrom_gpu.graph_applies(q, None)
     monkeypatch.setitem(nystrom_gpu.CHECKED_ON_GPU, "graph", True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

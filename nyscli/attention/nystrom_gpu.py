@@ -422,9 +422,10 @@ HYBRID_BLOCK = 64  # queries per program, and keys per band tile
 # How the hybrid's kernel is launched: its landmark and heavy-key tiles padded to at least
 # ``min_tile`` (16 gives products of 64 x 16 x 16; the landmark programs, which run on the
 # H200, multiply 64 x 64 tiles), warps, and the band loops' pipeline stages (3: 111 KB of
-# shared memory in float32 at budget 128, 1: 49 KB; ptxas, sm_90, Triton 3.6). The kernel
-# faults in float32 on the H200 with (16, 8, 3); scripts/gpu_profile.py --hybrid-matrix tries
-# others, each in a process of its own; NYS_HYBRID_LAUNCH="min_tile=64,num_stages=1" sets them.
+# shared memory in float32 at budget 128, 1: 49 KB; ptxas, sm_90, Triton 3.6). On the H200
+# min_tile 16 faults (an out-of-bounds shared-memory read) and 64 equals float64 in both
+# widths, 1 stage 12-18% faster than 3 (lease 7); scripts/gpu_profile.py --hybrid-matrix tries
+# settings, each in a process of its own; NYS_HYBRID_LAUNCH="min_tile=64,num_stages=3" sets them.
 HYBRID_LAUNCH = {
     **gpu_env.HYBRID_LAUNCH_DEFAULT,
     **gpu_env.hybrid_launch(os.environ.get(gpu_env.HYBRID_LAUNCH_ENV, "")),
@@ -432,21 +433,29 @@ HYBRID_LAUNCH = {
 
 
 # Kernels a GPU has not yet run against float64 stay off on CUDA (the torch path serves), as a
-# kernel that passes in the interpreter can still fault compiled: the hybrid's does (H200,
-# Triton 3.6, two leases: an out-of-bounds shared-memory read, with tf32x3 products and with
-# them split by hand). The inference op equals float64 there (fp32 2.3e-7, bf16 2.4e-3 at
-# n = 4,096, docs/results/gpu-notes.md), so it is on. scripts/gpu_profile.py turns each on to
-# check it; NYS_GPU_CHECKED=hybrid-16-bit,... turns them on in a process run after such a check
-# passed on the same machine (the bench that follows gpu_profile). The hybrid's kernel is
-# checked per operand width: its bf16/fp16 products are not its float32 ones, and the
-# faults were in float32 (no lease has run it in bf16). "hybrid" names both widths.
-_CHECKED_NOW = gpu_env.checked(os.environ.get(gpu_env.CHECKED_ENV, ""))
-CHECKED_ON_GPU = {
-    "hybrid-16-bit": bool({"hybrid", "hybrid-16-bit"} & _CHECKED_NOW),
-    "hybrid-32-bit": bool({"hybrid", "hybrid-32-bit"} & _CHECKED_NOW),
-    "inference": True,
-    "graph": "graph" in _CHECKED_NOW,  # graphs.py: captured and replayed on no GPU yet
-}
+# kernel that passes in the interpreter can still fault compiled: the hybrid's did (H200,
+# Triton 3.6, with its tiles padded to 16). On the H200 (torch 2.11, Triton 3.6) these equal
+# float64 as the torch path does (docs/results/gpu-notes.md): the inference op and its graph
+# replay (n = 4,096: fp32 2.3e-7, bf16 2.4e-3; leases 6 and 7) and the hybrid's kernel with
+# HYBRID_LAUNCH's default in both widths (n = 1,024: fp32 7.9e-7, bf16 0.082 against the torch
+# path's 0.082; lease 7), so all are on. A kernel added later starts off here;
+# scripts/gpu_profile.py turns each on to check it, and NYS_GPU_CHECKED=<name>,... turns it on
+# in a process run after such a check passed on the same machine (the bench that follows
+# gpu_profile). The hybrid's kernel is checked per operand width: its bf16/fp16 products are
+# not its float32 ones. "hybrid" names both widths.
+CHECKED_ON_H200 = {"hybrid-16-bit", "hybrid-32-bit", "inference", "graph"}
+
+
+def checked_on_gpu(named: str, checked: set[str]) -> dict[str, bool]:
+    """Per kernel, whether it runs on CUDA: in ``checked`` or named in ``named`` (a
+    NYS_GPU_CHECKED value; "hybrid" names both widths)."""
+    on = checked | gpu_env.checked(named)
+    if "hybrid" in on:
+        on |= {"hybrid-16-bit", "hybrid-32-bit"}
+    return {name: name in on for name in gpu_env.CHECKABLE if name != "hybrid"}
+
+
+CHECKED_ON_GPU = checked_on_gpu(os.environ.get(gpu_env.CHECKED_ENV, ""), CHECKED_ON_H200)
 
 
 def _allowed(kernel: str, q: Tensor) -> bool:
