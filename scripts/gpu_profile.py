@@ -136,11 +136,12 @@ def main() -> None:
     ends_at = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     rows = timings(torch, device, lens, args.toy, ends_at)
     write_csv(out / "gpu_profile.csv", rows)
-    for path, mode in [*[(p, m) for p in ("torch", "triton") for m in ("forward", "train")],
-                       ("fused", "forward")]:  # fmt: skip
-        if True:
-            text = profile(torch, device, path, mode, 128 if args.toy else PROFILE_LEN)
-            (out / f"profile-{path}-{mode}.txt").write_text(text)
+    for row, mode, n, autocast in PROFILES:
+        if row.startswith("hybrid") and args.no_hybrid:
+            continue
+        text = profile(torch, device, row, mode, 128 if args.toy else n, autocast)
+        name = f"{row.removeprefix('nystrom-')}-{mode}{'-autocast' * autocast}"
+        (out / f"profile-{name}.txt").write_text(text)
     print(summary(rows))
 
 
@@ -588,13 +589,37 @@ def _line(cell: dict) -> str:
     )
 
 
-def profile(torch, device, path: str, mode: str, n: int) -> str:
-    """One call under the torch profiler: kernels launched, their GPU time, the top ones."""
+# One call of each under the torch profiler: (row, mode, n, autocast). The bench feeds float32
+# q, k, v under bf16 autocast, and its Nyström forward at 65,536 was 0.745 ms against 0.389 ms
+# with bf16 tensors (lease 7); the hybrid's kernel took 1.4-2.4 ms up to 16,384, unexplained.
+PROFILES = [
+    *[(f"nystrom-{path}", mode, PROFILE_LEN, False)
+      for path in ("torch", "triton") for mode in ("forward", "train")],
+    ("nystrom-fused", "forward", PROFILE_LEN, False),
+    ("nystrom-fused", "forward", 65536, True),
+    ("hybrid-triton", "forward", PROFILE_LEN, False),
+]  # fmt: skip
+
+
+def profile(torch, device, row: str, mode: str, n: int, autocast: bool = False) -> str:
+    """One call under the torch profiler: kernels launched, their GPU time, the top ones.
+    ``autocast``: float32 inputs under bf16 autocast, as the bench runs bf16."""
+    import contextlib
+
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    fn = build(torch, device, f"nystrom-{path}", n, dtype, train=mode == "train")
+    half = device.type == "cuda" and not autocast
+    dtype = torch.bfloat16 if half else torch.float32
+    built = build(torch, device, row, n, dtype, train=mode == "train")
+    if built is None:
+        return f"{row} {mode}: no such cell here\n"
+    on = device.type == "cuda" and autocast
+
+    def fn():
+        with torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext():
+            return built()
+
     for _ in range(3):
         fn()
     activities = [ProfilerActivity.CPU]
@@ -615,7 +640,8 @@ def profile(torch, device, path: str, mode: str, n: int) -> str:
     gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in kernels)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     head = (
-        f"nystrom-{path} {mode}, n = {n}, {dtype}: {launched} kernels launched, "
+        f"{row} {mode}, n = {n}, {dtype}{' under bf16 autocast' * on}: "
+        f"{launched} kernels launched, "
         f"{gpu_us:.0f} us of GPU time in kernels\n\n"
     )
     print(head.strip(), flush=True)

@@ -374,9 +374,12 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
     assert {r["kernel"] for r in variants} == {"forward", "backward"} and len(variants) == 6
     for r in variants:  # the interpreter multiplies in float32 whatever the setting
         assert float(r["relative_error_vs_float64"]) < 1e-5 and float(r["gpu_us"]) > 0
-    profiled = [(p, m) for p in ("torch", "triton") for m in ("forward", "train")]
-    for path, mode in [*profiled, ("fused", "forward")]:
-        assert (tmp_path / f"profile-{path}-{mode}.txt").read_text().startswith(f"nystrom-{path}")
+    profiled = [(f"nystrom-{p}", m) for p in ("torch", "triton") for m in ("forward", "train")]
+    for row, mode in [*profiled, ("nystrom-fused", "forward"), ("hybrid-triton", "forward")]:
+        name = row.removeprefix("nystrom-")
+        assert (tmp_path / f"profile-{name}-{mode}.txt").read_text().startswith(f"{row} {mode}")
+    autocast = (tmp_path / "profile-fused-forward-autocast.txt").read_text()
+    assert autocast.startswith("nystrom-fused forward, n = 128, torch.float32:")  # CPU: none
 
 
 def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
