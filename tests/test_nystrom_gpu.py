@@ -436,6 +436,16 @@ def test_the_hybrid_setting_chosen_has_the_most_widths_then_the_least_time(monke
     assert gpu_profile.kernel_serves("hybrid-torch", torch.float32)
 
 
+def test_the_inference_op_rounds_every_tile_to_the_half_dtype_of_its_work() -> None:
+    # also when q is already bf16: its landmarks can be float32 beside it (padded segment
+    # means under CUDA autocast), and bf16 products want both operands rounded (lease 7)
+    tl = pytest.importorskip("triton.language")
+    assert nystrom_gpu.rounding(torch.bfloat16) == tl.bfloat16
+    assert nystrom_gpu.rounding(torch.float16) == tl.float16
+    assert nystrom_gpu.rounding(torch.float32) == tl.float32  # float32 tiles kept as they are
+    assert nystrom_gpu.rounding(torch.float64) == tl.float32  # (rounded() passes them through)
+
+
 def test_kernels_checked_on_the_h200_are_on_and_the_switch_names_others() -> None:
     assert all(nystrom_gpu.checked_on_gpu("", nystrom_gpu.CHECKED_ON_H200).values())
     assert nystrom_gpu.checked_on_gpu("", set()) == dict.fromkeys(

@@ -257,10 +257,11 @@ def rounded(x, OP: tl.constexpr, NATIVE: tl.constexpr):
 @triton.jit
 def product(a, b, PREC: tl.constexpr, HALF_DOT: tl.constexpr):
     """a @ b in float32 (float64 for float64 tiles): half-precision tiles as they are when
-    HALF_DOT, else through ``dot``."""
+    HALF_DOT and both are in one half dtype, else through ``dot`` (a compiled dot refuses
+    mixed operands: bf16 by float32 failed to compile on the H200)."""
     if a.dtype == tl.float64:
         out = dot(a, b, PREC)
-    elif (a.dtype == tl.bfloat16 or a.dtype == tl.float16) and HALF_DOT:
+    elif (a.dtype == tl.bfloat16 or a.dtype == tl.float16) and a.dtype == b.dtype and HALF_DOT:
         out = tl.dot(a, b)
     else:
         out = dot(a.to(tl.float32), b.to(tl.float32), PREC)
