@@ -134,6 +134,28 @@ def test_core_under_autocast_keeps_the_landmark_side_in_float32(interpret) -> No
     assert out.dtype == torch.bfloat16 and relative(out, reference) < 1e-2
 
 
+def test_inference_op_takes_bf16_q_k_v_beside_float32_landmarks(interpret) -> None:
+    # The LRA Text step under CUDA autocast: q, k, v in bf16 (its projections), landmarks in
+    # float32 (padded segment means: autocast sums in float32), which failed to compile on the
+    # H200 (lease 7; compile_check compiles the mix). Its value: that of the same landmarks in
+    # float64, to bf16's rounding.
+    from nyscli.attention.landmarks import select_landmarks
+
+    q, k, v = qkv(2, 2, 200, 32, seed=7)
+    mask = torch.ones(2, 200, dtype=torch.bool, device=DEVICE)
+    mask[1, 150:] = False
+    q_land, k_land, exists = select_landmarks(q, k, 24, mask)
+    want = nystrom_gpu.nystrom_inference(q, k, v, q_land, k_land, exists, mask, 6)
+    half = [x.bfloat16() for x in (q, k, v)]
+    with torch.no_grad():
+        got = nystrom_gpu.nystrom_inference(
+            *half, q_land.float(), k_land.float(), exists, mask, 6
+        )  # fmt: skip
+    assert got.dtype == torch.bfloat16
+    real = mask[:, None, :, None].expand_as(want)
+    assert relative(got.double()[real], want[real]) < 1e-2
+
+
 def qkv(b: int, h: int, n: int, d: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shape = (b, h, n, d)
