@@ -125,25 +125,39 @@ def kmeans_groups(
     q_land, k_land, exists = random_tokens(q, k, m, key_padding_mask, seed)
     centres = torch.cat([q_land, k_land], dim=-1)  # (B, H, m, 2d)
     x = torch.cat([q, k], dim=-1)  # (B, H, n, 2d)
-    x_sq = x.square().sum(dim=-1, keepdim=True)  # (B, H, n, 1)
     for _ in range(iterations):
-        dist = x_sq - 2 * x @ centres.transpose(-1, -2) + centres.square().sum(-1)[..., None, :]
-        if exists is not None:  # empty landmarks stay empty
-            dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
-        member = torch.nn.functional.one_hot(dist.argmin(dim=-1), m).to(x.dtype)  # (B,H,n,m)
-        if key_padding_mask is not None:
-            member = member * key_padding_mask[:, None, :, None].to(x.dtype)
-        counts = member.sum(dim=-2)[..., None]  # (B, H, m, 1)
-        means = member.transpose(-1, -2) @ x / counts.clamp_min(1)
-        centres = torch.where(counts > 0, means, centres)
+        sums, counts = group_sums(x, groups(x, centres, exists, key_padding_mask), m)
+        centres = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
     return centres[..., :d], centres[..., d:], exists
+
+
+def groups(x: Tensor, centres: Tensor, exists: Tensor | None, real: Tensor | None) -> Tensor:
+    """Each row's nearest centre (``nearest_centre``), m for the rows ``real`` (B, rows) marks
+    False (padding, in no group)."""
+    group = nearest_centre(x, centres, exists)
+    return group if real is None else group.masked_fill(~real[:, None, :], centres.shape[2])
+
+
+def group_sums(x: Tensor, group: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """The sums (B, H, m, c) of the rows of x (B, H, rows, c) in each group, and their counts
+    (B, H, m, 1); group (B, H, rows) in 0..m, m: in no group. Summed by ``index_add`` (the
+    rows added in place, in order): a one-hot (rows, m) product cost 6x the time on a CPU
+    (n = 512, m = 24, 12 heads), and m times the arithmetic."""
+    b, h, rows, c = x.shape
+    base = torch.arange(b * h, device=x.device).view(b, h, 1) * (m + 1)
+    index = (group + base).flatten()
+    sums = x.new_zeros(b * h * (m + 1), c).index_add(0, index, x.reshape(-1, c))
+    ones = x.new_ones(()).expand(index.shape[0])
+    counts = x.new_zeros(b * h * (m + 1)).index_add(0, index, ones)
+    return sums.view(b, h, m + 1, c)[:, :, :m], counts.view(b, h, m + 1, 1)[:, :, :m]
 
 
 def nearest_centre(x: Tensor, centres: Tensor, exists: Tensor | None) -> Tensor:
     """Each row's nearest centre (B, H, rows) in squared Euclidean distance, never an empty
     one. x: (B, H, rows, d); centres: (B, H, m, d); exists: (B, m) or None (all exist)."""
-    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every c.
-    dist = centres.square().sum(-1)[..., None, :] - 2 * x @ centres.transpose(-1, -2)
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every c. The 2 scales the m
+    # centres, not the rows (exact either way: a power of two).
+    dist = centres.square().sum(-1)[..., None, :] - x @ (2 * centres).transpose(-1, -2)
     if exists is not None:
         dist = dist.masked_fill(~exists[:, None, None, :], float("inf"))
     return dist.argmin(dim=-1)
@@ -171,21 +185,14 @@ def query_kmeans(
     )
     stride = max(1, n // (QUERY_KMEANS_SAMPLE * m))
     sample, sample_real = q[:, :, ::stride], real[:, ::stride]
-
-    def members(x: Tensor, x_real: Tensor) -> Tensor:  # (B, H, rows, m) one-hot, 0 for pads
-        one_hot = torch.nn.functional.one_hot(nearest_centre(x, centres, exists), m)
-        return one_hot.to(x.dtype) * x_real[:, None, :, None].to(x.dtype)
-
     for _ in range(iterations):
-        member = members(sample, sample_real)
-        counts = member.sum(dim=-2)[..., None]
-        centres = torch.where(counts > 0, member.transpose(-1, -2) @ sample / counts.clamp_min(1),
-                              centres)  # fmt: skip
-    member = members(q, real)
-    counts = member.sum(dim=-2)[..., None]
-    q_land = torch.where(counts > 0, member.transpose(-1, -2) @ q / counts.clamp_min(1), centres)
-    k_land = torch.where(counts > 0, member.transpose(-1, -2) @ k / counts.clamp_min(1),
-                         k_segments)  # fmt: skip
+        sums, counts = group_sums(sample, groups(sample, centres, exists, sample_real), m)
+        centres = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
+    group = groups(q, centres, exists, real)
+    q_sums, counts = group_sums(q, group, m)
+    k_sums, _ = group_sums(k, group, m)
+    q_land = torch.where(counts > 0, q_sums / counts.clamp_min(1), centres)
+    k_land = torch.where(counts > 0, k_sums / counts.clamp_min(1), k_segments)
     return q_land, k_land, exists
 
 
