@@ -102,3 +102,21 @@ def test_query_kmeans_is_lloyd_on_a_sample_of_the_queries_then_means_over_all_to
     # deterministic: no draw
     again = landmarks.query_kmeans(q, k, 5, None, iterations=3)[0]
     assert torch.equal(q_land, again)
+
+
+def test_group_sums_by_index_add_equal_the_one_hot_product_of_cuda() -> None:
+    # The CPU adds rows by index_add; CUDA, whose index_add adds in no fixed order, by a
+    # one-hot product. Both give each group's sum and count; group m is no group (padding).
+    from nyscli.attention.landmarks import group_sums, one_hot_sums
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 50, 7, generator=g, dtype=torch.float64)
+    group = torch.randint(0, 6, (2, 3, 50), generator=g)  # 0..4 and 5 = m: no group
+    sums, counts = group_sums(x, group, 5)
+    want_sums, want_counts = one_hot_sums(x, group, 5)
+    assert sums.shape == (2, 3, 5, 7) and counts.shape == (2, 3, 5, 1)
+    assert torch.allclose(sums, want_sums, atol=1e-12) and torch.equal(counts, want_counts)
+    for c in range(5):  # the formula itself, group by group
+        inside = (group == c)[..., None]
+        assert torch.allclose(sums[:, :, c], (x * inside).sum(2), atol=1e-12)
+        assert torch.equal(counts[:, :, c, 0], inside.sum((2, 3)).double())

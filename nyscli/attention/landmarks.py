@@ -140,9 +140,12 @@ def groups(x: Tensor, centres: Tensor, exists: Tensor | None, real: Tensor | Non
 
 def group_sums(x: Tensor, group: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """The sums (B, H, m, c) of the rows of x (B, H, rows, c) in each group, and their counts
-    (B, H, m, 1); group (B, H, rows) in 0..m, m: in no group. Summed by ``index_add`` (the
-    rows added in place, in order): a one-hot (rows, m) product cost 6x the time on a CPU
-    (n = 512, m = 24, 12 heads), and m times the arithmetic."""
+    (B, H, m, 1); group (B, H, rows) in 0..m, m: in no group. On a CPU summed by ``index_add``
+    (the rows added in order): a one-hot (rows, m) product cost 6x the time there (n = 512,
+    m = 24, 12 heads), and m times the arithmetic. On CUDA ``index_add`` adds with atomics, in
+    no fixed order, so the landmarks would change from run to run: the product there."""
+    if x.is_cuda:
+        return one_hot_sums(x, group, m)
     b, h, rows, c = x.shape
     base = torch.arange(b * h, device=x.device).view(b, h, 1) * (m + 1)
     index = (group + base).flatten()
@@ -150,6 +153,12 @@ def group_sums(x: Tensor, group: Tensor, m: int) -> tuple[Tensor, Tensor]:
     ones = x.new_ones(()).expand(index.shape[0])
     counts = x.new_zeros(b * h * (m + 1)).index_add(0, index, ones)
     return sums.view(b, h, m + 1, c)[:, :, :m], counts.view(b, h, m + 1, 1)[:, :, :m]
+
+
+def one_hot_sums(x: Tensor, group: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """``group_sums`` as a product with the (B, H, rows, m) one-hot of the groups."""
+    member = torch.nn.functional.one_hot(group, m + 1)[..., :m].to(x.dtype)
+    return member.transpose(-1, -2) @ x, member.sum(dim=-2)[..., None]
 
 
 def nearest_centre(x: Tensor, centres: Tensor, exists: Tensor | None) -> Tensor:
