@@ -49,8 +49,8 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
         **{"M": i32, "D": i32},
     }
     rounding = nystrom_gpu.rounding(torch.bfloat16)  # what the inference op passes for bf16 work
-    f_w_tile = {"BQ": 64, "BM": 64, "BD": 64, "HAS_E": True, "PREC": prec, "HALF_DOT": True}
-    f_w_tile["OP"] = rounding
+    f_w_tile = {"BQ": 64, "BM": 64, "BD": 64, "HAS_E": True, "PREC": prec, "HALF_DOT": True,
+                "OP": rounding}  # fmt: skip
     rows = [
         (
             "landmark forward",

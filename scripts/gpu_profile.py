@@ -8,8 +8,9 @@ For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md sa
 0. ``--hybrid-matrix``: the hybrid's kernel at each launch setting of HYBRID_MATRIX, each in a
    process of its own (a fault ends a CUDA context), in bf16 then fp32: its error against
    float64 beside the torch path's, its GPU time, or how the process ended
-   (OUT/hybrid-matrix.csv). The rest of the run uses the first setting that passes in the
-   most widths, for those widths, or leaves the hybrid out when none passes.
+   (OUT/hybrid-matrix.csv). The rest of the run uses the setting that passes in the most
+   widths (the least GPU time among equals), for those widths, or leaves the hybrid out when
+   none passes.
 1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
@@ -79,7 +80,8 @@ def parse() -> argparse.Namespace:
         "--hybrid-matrix",
         action="store_true",
         help="first, the hybrid kernel at each of HYBRID_MATRIX's launch settings, each in a "
-        "process of its own; then the rest with the first passing in the most widths",
+        "process of its own; then the rest with the one passing in the most widths (the "
+        "fastest among equals)",
     )
     parser.add_argument("--hybrid-probe", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
