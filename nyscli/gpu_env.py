@@ -1,7 +1,7 @@
 """The GPU path's switches read from the environment, checked by ``nys`` before it starts.
 
 Torch-free, so that ``nys`` can refuse a bad value in one line before importing anything heavy
-(``nyscli.attention.nystrom_gpu`` reads the same values when it is imported).
+(``nyscli.attention.gpu.landmark`` reads the same values when it is imported).
 
 - ``NYS_GPU_CHECKED``: the GPU kernels or paths a GPU has checked against float64 in this
   machine's session (``scripts/gpu_profile.py``), turned on before their defaults are: a

@@ -33,9 +33,9 @@ def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
     import torch
     import triton.language as tl
 
-    from nyscli.attention import nystrom_gpu
-    from nyscli.attention import nystrom_kernels as landmark
-    from nyscli.attention import nystrom_local_kernels as local
+    from nyscli.attention.gpu import hybrid_kernels as local
+    from nyscli.attention.gpu import landmark as nystrom_gpu
+    from nyscli.attention.gpu import landmark_kernels as landmark
 
     prec = nystrom_gpu.PRODUCTS["16-bit"]  # the bf16 tiles below
     warps = nystrom_gpu.WARPS[prec]

@@ -11,7 +11,7 @@ For one lent GPU, in one call, ratios from one run (docs/results/gpu-notes.md sa
    (OUT/hybrid-matrix.csv). The rest of the run uses the setting that passes in the most
    widths (the least GPU time among equals), for those widths, or leaves the hybrid out when
    none passes.
-1. ``tests/test_nystrom_gpu.py`` on CUDA: the compiled kernels against the float64 formula.
+1. ``tests/gpu/test_landmark.py`` on CUDA: the compiled kernels against the float64 formula.
 2. Both Nyström paths against the float64 formula on the same inputs (fp32, bf16): the
    relative error of the output and of the three gradients.
 3. The landmark programs alone, per setting of their products (tf32x3, tf32) and warps:
@@ -95,7 +95,7 @@ def main() -> None:
     import torch
 
     from nyscli import gpu_env
-    from nyscli.attention import nystrom_gpu
+    from nyscli.attention.gpu import landmark as nystrom_gpu
 
     if args.toy:
         from nyscli.attention.nystrom import NystromAttention
@@ -221,7 +221,7 @@ def kernel_serves(path: str, dtype) -> bool:
 def hybrid_probe(torch, device, n: int) -> None:
     """One line of JSON per dtype: the hybrid kernel (this process's NYS_HYBRID_LAUNCH)
     against the torch path in float64, beside the torch path in that dtype, and its GPU time."""
-    from nyscli.attention import nystrom_gpu
+    from nyscli.attention.gpu import landmark as nystrom_gpu
 
     exact = inputs(torch, device, n, torch.float64, grad=False, seed=1)
     with torch.no_grad():
@@ -271,7 +271,7 @@ def environment(torch, device) -> str:
 def run_kernel_tests(out: Path) -> None:
     """The float64 kernel tests, on CUDA tensors (no interpreter where a GPU is present)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
-    cmd += ["tests/test_nystrom_gpu.py"]
+    cmd += ["tests/gpu/test_landmark.py"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
     (out / "kernel-tests.txt").write_text(done.stdout + done.stderr)
     last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
@@ -280,7 +280,8 @@ def run_kernel_tests(out: Path) -> None:
 
 def core(torch, path: str):
     """The attention core of ``path`` and a switch that puts Nyström on that path."""
-    from nyscli.attention import build_attention, nystrom_gpu
+    from nyscli.attention import build_attention
+    from nyscli.attention.gpu import landmark as nystrom_gpu
 
     if path == "sdpa":
         return build_attention({"name": "softmax"})
@@ -471,7 +472,7 @@ def variants(torch, device, toy: bool) -> list[dict]:
     (W comes back in its inputs' dtype: bf16's rounding would hide the products' error)."""
     import torch.nn.functional as F
 
-    from nyscli.attention import nystrom_gpu
+    from nyscli.attention.gpu import landmark as nystrom_gpu
     from nyscli.attention.nystrom import NystromAttention
 
     n, m = (256, 16) if toy else (PROFILE_LEN, LANDMARKS)

@@ -11,7 +11,7 @@ import torch
 
 # Without a GPU, Triton's kernels are tested in its interpreter, which must be chosen before
 # triton is first imported (its own library functions are decorated then); nys itself never
-# runs them on CPU tensors unless a test asks (nyscli.attention.nystrom_gpu.TESTING).
+# runs them on CPU tensors unless a test asks (nyscli.attention.gpu.landmark.TESTING).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

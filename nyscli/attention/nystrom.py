@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from nyscli.attention import nystrom_gpu
 from nyscli.attention.chunking import DEFAULT_BUDGET, by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
-from nyscli.attention.graphs import Graphs
+from nyscli.attention.gpu import landmark as nystrom_gpu
+from nyscli.attention.gpu.graphs import Graphs
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
     select_landmarks,

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nyscli.attention import nystrom_gpu, routing
+from nyscli.attention import routing
 from nyscli.attention.chunking import by_length, in_head_groups
 from nyscli.attention.core import Core, backward_follows, configure
 from nyscli.attention.errors import not_causal
+from nyscli.attention.gpu import landmark as nystrom_gpu
 from nyscli.attention.landmarks import LANDMARK_METHODS, nearest_centre, select_landmarks
 from nyscli.attention.longformer import Band
 from nyscli.attention.masking import EXP_FLOOR, check_qkv

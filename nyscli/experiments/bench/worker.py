@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from nyscli.attention import MultiHeadAttention, build_attention
-from nyscli.attention.graphs import Graphs
+from nyscli.attention.gpu.graphs import Graphs
 from nyscli.experiments.bench.memory import warm_peak_mb
 from nyscli.experiments.bench.timing import time_call_ms
 
@@ -71,7 +71,7 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
 
 
 def replays_graphs(model: torch.nn.Module) -> bool:
-    """Whether a core of model holds a CUDA graph of its call (``attention.graphs``): its
+    """Whether a core of model holds a CUDA graph of its call (``attention.gpu.graphs``): its
     time is then a replay's, on the same inputs each call."""
     found = (getattr(m, "graphs", None) for m in model.modules())
     return any(isinstance(graphs, Graphs) and bool(graphs.graphs) for graphs in found)

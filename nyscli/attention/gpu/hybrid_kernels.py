@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from nyscli.attention import masking
-from nyscli.attention.nystrom_kernels import rounded
+from nyscli.attention.gpu.landmark_kernels import rounded
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).
 EXP_FLOOR = tl.constexpr(masking.EXP_FLOOR)

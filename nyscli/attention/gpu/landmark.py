@@ -166,7 +166,7 @@ def _weights(
     operands: torch.dtype,
 ) -> Tensor:
     """``landmark_weights`` without autograd, its products chosen for work on ``operands``."""
-    from nyscli.attention.nystrom_kernels import forward as forward_kernel
+    from nyscli.attention.gpu.landmark_kernels import forward as forward_kernel
 
     q_land, k_land, bv = q_land.contiguous(), k_land.contiguous(), bv.contiguous()
     flags = None if exists is None else exists.to(torch.int8).contiguous()
@@ -187,7 +187,7 @@ def _backward(
     grad_w: Tensor,
     iterations: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from nyscli.attention.nystrom_kernels import backward as backward_kernel
+    from nyscli.attention.gpu.landmark_kernels import backward as backward_kernel
 
     q_land, k_land, bv = q_land.contiguous(), k_land.contiguous(), bv.contiguous()
     flags = None if exists is None else exists.to(torch.int8).contiguous()
@@ -267,7 +267,7 @@ def landmark_weights(
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     """``pinv.iterative_pinv(a, iterations)`` (per-matrix start) for a: (..., m, m), m <=
     MAX_LANDMARKS, in one program per matrix: in fp32 (fp64 for fp64), no autograd."""
-    from nyscli.attention.nystrom_kernels import pinv as kernel
+    from nyscli.attention.gpu.landmark_kernels import pinv as kernel
 
     m = a.shape[-1]
     dtype = _compute_dtype(a)
@@ -352,7 +352,7 @@ def _inference(
     exist ((B, m) or None); key_padding_mask (B, n), True = real (None: all are). The same
     function as ``NystromAttention.approximate_all``; no autograd (``inference_applies``).
     Called as ``nystrom_inference``, the custom op, which torch.compile keeps whole."""
-    from nyscli.attention import nystrom_kernels as kernels
+    from nyscli.attention.gpu import landmark_kernels as kernels
 
     b, h, n, d = q.shape
     m = q_land.shape[2]
@@ -485,7 +485,7 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, parts: Any, radius: int) -> 
     that dtype with float32 sums, the tiles rounded as they are read (no cast copies of q, k,
     v); the output is in that dtype. Everything else is float32 (float64 for float64 inputs).
     """
-    from nyscli.attention.nystrom_local_kernels import hybrid_forward as kernel
+    from nyscli.attention.gpu.hybrid_kernels import hybrid_forward as kernel
 
     b, h, n, d = q.shape
     m, g = parts.z.shape[-1], parts.heavy_b.shape[-1]

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from nyscli.attention import build_attention, nystrom_gpu
+from nyscli.attention import build_attention
+from nyscli.attention.gpu import landmark as nystrom_gpu
 from nyscli.attention.nystrom import NystromAttention
 from nyscli.errors import UserInputError
 
@@ -365,7 +366,7 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_profile.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_profile.py"
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path), "--toy"],
         capture_output=True,
@@ -410,7 +411,7 @@ def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
     # out of range; on a GPU, a fault) and is reported, not raised.
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
     import gpu_profile
 
     monkeypatch.setattr(gpu_profile, "HYBRID_MATRIX", ["min_tile=64,num_stages=1", "min_tile=0"])
@@ -434,7 +435,7 @@ def test_the_gpu_profile_hybrid_matrix_at_toy_size(monkeypatch) -> None:
 def test_the_hybrid_setting_chosen_has_the_most_widths_then_the_least_time(monkeypatch) -> None:
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
     import gpu_profile
 
     monkeypatch.setattr(gpu_profile, "HYBRID_MATRIX", ["a", "b", "c"])
@@ -651,7 +652,7 @@ def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
     from pathlib import Path
 
     pytest.importorskip("triton")  # the --dev setup installs it; CI has it
-    script = Path(__file__).resolve().parent.parent / "scripts" / "compile_check.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "compile_check.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, str(script), "--quick"], capture_output=True, text=True, env=env,
@@ -686,7 +687,7 @@ def fake_capture(graph: FakeGraph, fn) -> torch.Tensor:
 
 @pytest.fixture
 def fake_graphs(interpret, monkeypatch) -> list[FakeGraph]:
-    from nyscli.attention import graphs
+    from nyscli.attention.gpu import graphs
 
     monkeypatch.setattr(FakeGraph, "made", [])
     monkeypatch.setattr(graphs, "_new_graph", FakeGraph)
@@ -717,7 +718,7 @@ def test_inference_is_replayed_from_a_graph_of_the_same_inputs(fake_graphs) -> N
 def test_graphs_are_kept_per_layout_least_recent_out_and_stop_when_nothing_returns(
     fake_graphs,
 ) -> None:
-    from nyscli.attention import graphs
+    from nyscli.attention.gpu import graphs
 
     core = NystromAttention(num_landmarks=16)
     inputs = [qkv(1, 2, 128, 16, seed=s) for s in range(3)]
@@ -740,7 +741,7 @@ def test_graphs_are_kept_per_layout_least_recent_out_and_stop_when_nothing_retur
 def test_a_failed_capture_falls_back_to_the_call_and_stops_capturing(
     fake_graphs, monkeypatch
 ) -> None:
-    from nyscli.attention import graphs
+    from nyscli.attention.gpu import graphs
 
     def refuse(graph, fn):
         raise RuntimeError("operation not permitted when stream is capturing")
