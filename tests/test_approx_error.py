@@ -20,7 +20,7 @@ from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import available, core_class
 from nyscli.errors import UserInputError
 from nyscli.experiments.approx_error import command as approx_error
-from nyscli.experiments.approx_error import methods, sources
+from nyscli.experiments.approx_error import methods, sources, tables
 from nyscli.experiments.approx_error.evaluate import (
     core_metrics,
     evaluate_head,
@@ -213,7 +213,7 @@ def test_a_budget_a_core_cannot_meet_is_recorded_with_the_pairs_it_scores(tmp_pa
                     ("nystrom_local", 1): (1, 4), ("nystrom_local", 7): (7, 6),
                     ("nystrom_local", 8): (8, 8)}  # fmt: skip
     assert rows.loc[("uniform", pd.NA)].pairs_used is pd.NA
-    table = approx_error.summary_table(df)
+    table = tables.summary_table(df)
     cells = {column.header: column._cells for column in table.columns}
     shown = list(zip(cells["method"], cells["pairs"], cells["note"], strict=True))
     assert ("nystrom_local", "1", "scores 4 pairs") in shown

@@ -177,7 +177,7 @@ def key(*overrides: str, text: str | None = None) -> str:
     for override in overrides:
         name, value = override.split("=", 1)
         OmegaConf.update(cfg, name, yaml.safe_load(value))
-    return cache.digest(approx_error.source_settings(cfg, text, torch.device("cpu")))
+    return cache.digest(cache.source_settings(cfg, text, torch.device("cpu")))
 
 
 def test_the_key_follows_the_source_settings_and_not_the_methods() -> None:

@@ -3,7 +3,7 @@ attention S (with S V) and the SVD of S, computed once per source, not once per 
 
 A sweep over budgets, landmark selections or pinv settings reads one source in every job; at
 the defaults (n = 4096, 4 heads) the SVD alone is ~3/4 of a job. An entry is keyed by a hash of
-exactly the settings that determine it (``command.source_settings``), never by a method's, so
+exactly the settings that determine it (``source_settings``), never by a method's, so
 every job of such a sweep finds it. Two levels:
 
 - in this process, the last source's Q, K, V (tens of MB at most): Hydra's basic launcher runs
@@ -37,9 +37,11 @@ from typing import Any
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from nyscli.experiments.approx_error.evaluate import Entry
 from nyscli.experiments.approx_error.memory import USABLE
+from nyscli.experiments.approx_error.settings import seq_len
 from nyscli.experiments.approx_error.sources import AttentionInputs
 from nyscli.files import atomic_writer
 from nyscli.paths import SWEEP_CACHE
@@ -79,6 +81,30 @@ def folder_fingerprint(spec: str) -> list[tuple[str, int, int]]:
         return []
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     return [(str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def source_settings(cfg: DictConfig, text: str | None, device: torch.device) -> dict[str, Any]:
+    """Exactly the settings that determine the source's Q, K, V and each head's exact attention
+    and SVD: the key of the work a sweep's jobs share (``SourceCache``). No method's setting is in
+    it (budgets, attention.*, methods, baselines, plots), so a sweep over those computes the
+    source once; ``threads`` is left out too (it may change a last bit, never a result)."""
+    settings: dict[str, Any] = {
+        "source": str(cfg.source),
+        "seq_len": seq_len(cfg),
+        "dtype": str(cfg.dtype),
+        "device": str(device),
+    }
+    if text is None:  # synthetic: drawn from these alone
+        settings.update(head_dim=int(cfg.head_dim), heads=int(cfg.heads))
+        settings.update(scale=float(cfg.scale), seed=int(cfg.seed))
+        if cfg.source == "smooth":
+            settings["correlation_length"] = float(cfg.correlation_length)
+        return settings
+    settings.update(max_sequences=int(cfg.max_sequences), text=text_digest(text))
+    if cfg.source == "checkpoint":
+        spec = str(cfg.checkpoint)
+        settings["checkpoint"] = [spec, folder_fingerprint(spec)]
+    return settings
 
 
 def sweep_folder() -> Path | None:

@@ -14,20 +14,35 @@ is compared with the same encoder's under its own attention:
   nearest (recall at 3; a random pick 3 / (T - 1)): whether a lost neighbour is a near-tie
   moved down a place or lost altogether.
 
-Uniform attention (every query gets the mean of V) is the trivial baseline.
+Uniform attention (every query gets the mean of V) is the trivial baseline. The run's side is
+here too: ``fidelity.path``'s texts read and checked, the checkpoint's encoder loaded, and
+``fidelity.csv`` with its table.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 import pandas as pd
 import torch
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 from torch import Tensor, nn
 
-from nyscli.data.common import pad_batch
+from nyscli.console import heartbeat
+from nyscli.data.common import pad_batch, read_text_file
 from nyscli.data.pairs import layout
+from nyscli.errors import UserInputError
+from nyscli.experiments.approx_error.progress import log_to_file
+from nyscli.experiments.approx_error.settings import DTYPES, TEXT_BYTES_PER_TOKEN, seq_len
+from nyscli.files import atomic_writer
+
+log = logging.getLogger(__name__)
 
 # Texts read at once: MiniLM at 512 tokens in float64 peaks at ~1 GB for 16.
 BATCH = 16
@@ -136,3 +151,79 @@ def fidelity(
     frame = pd.DataFrame(rows)
     frame["budget"] = frame["budget"].astype("Int64")
     return frame
+
+
+def fidelity_texts(cfg: DictConfig) -> list[str]:
+    """The texts of ``fidelity.path`` (paragraphs, at most ``fidelity.max_texts``); one-line
+    errors for a run that cannot have them."""
+    if cfg.source != "checkpoint":
+        raise UserInputError(
+            f"fidelity.path={cfg.fidelity.path} needs source=checkpoint (an encoder whose "
+            f"embeddings to compare); source={cfg.source} has none"
+        )
+    limit = TEXT_BYTES_PER_TOKEN * seq_len(cfg) * int(cfg.fidelity.max_texts)
+    text = read_text_file(Path(cfg.fidelity.path), "fidelity.path", limit_bytes=limit)
+    texts = paragraphs(text, int(cfg.fidelity.max_texts))
+    if len(texts) < 2:
+        raise UserInputError(
+            f"fidelity.path={cfg.fidelity.path} holds {len(texts)} text; nearest neighbours "
+            "need at least 2 (texts are separated by blank lines)"
+        )
+    return texts
+
+
+def measure_fidelity(
+    cfg: DictConfig, cores: Mapping[tuple[str, int | None], nn.Module]
+) -> pd.DataFrame:
+    """``fidelity`` of every core on the texts of ``fidelity.path``, read by the checkpoint's
+    encoder in the run's dtype."""
+    from nyscli.checkpoints.capture import load_encoder
+
+    texts = fidelity_texts(cfg)
+    encoder, tokenizer = load_encoder(str(cfg.checkpoint))
+    encoder = encoder.to(DTYPES[cfg.dtype])
+    total = len(cores) + 1
+    done = iter(range(1, total + 1))
+    with heartbeat(log, "approx-error: fidelity") as beat:
+        return fidelity(
+            encoder, tokenizer, texts, seq_len(cfg), cores,
+            lambda label: beat.say(f"fidelity {next(done)}/{total}: {label}"),
+        )  # fmt: skip
+
+
+def fidelity_table(frame: pd.DataFrame, symbol: str = "m") -> Table:
+    """The fidelity rows as a table (cosine to exact, nearest-neighbour agreement, exact's
+    neighbour among the top 3); ``symbol`` heads the budget column, as in the error tables."""
+    texts = int(frame.texts.iloc[0])
+    top = min(TOP, texts - 1)
+    table = Table(
+        title=f"embeddings vs exact attention ({texts} texts; a random neighbour agrees "
+        f"{1 / (texts - 1):.1%}, falls in a random top {top} {top / (texts - 1):.1%})"
+    )
+    columns = ("method", symbol, "cosine mean", "cosine min", "same nearest neighbour",
+               f"exact's neighbour in top {top}")  # fmt: skip
+    for column in columns:
+        table.add_column(column)
+    for row in frame.itertuples():
+        budget = "—" if pd.isna(row.budget) else str(row.budget)
+        table.add_row(
+            escape(str(row.method)), budget, f"{row.cosine_mean:.4f}", f"{row.cosine_min:.4f}",
+            f"{row.nn_agreement:.1%}", f"{row.nn_in_top3:.1%}",
+        )  # fmt: skip
+    return table
+
+
+def write_fidelity(
+    cfg: DictConfig,
+    cores: Mapping[tuple[str, int | None], nn.Module],
+    run_dir: Path,
+    console: Console,
+    symbol: str,
+) -> None:
+    """``measure_fidelity`` into ``fidelity.csv``, and its table on the console and in the log."""
+    frame = measure_fidelity(cfg, cores)
+    with atomic_writer(run_dir / "fidelity.csv", "w") as handle:
+        frame.to_csv(handle, index=False)
+    table = fidelity_table(frame, symbol)
+    console.print(table)
+    log_to_file(table)

@@ -20,6 +20,12 @@ from __future__ import annotations
 import math
 import os
 
+import torch
+from omegaconf import DictConfig
+
+from nyscli.errors import UserInputError
+from nyscli.experiments.approx_error.settings import DTYPES, budgets, seq_len
+
 # Heads, layers and head size of the pretrained model source=minilm reads (all-MiniLM-L6-v2).
 MINILM_SHAPE = (6, 12, 32)
 INTERPRETER_BYTES = 300 * 2**20  # python, torch and the rest before any tensor
@@ -85,3 +91,27 @@ def refusal(estimate: int, available: int, what: str) -> str | None:
         f"({gigabytes(available)} available); lower seq_len, budgets, heads or max_sequences, "
         "or use dtype=fp32"
     )
+
+
+def estimated_peak(cfg: DictConfig) -> int:
+    """A run's peak bytes on the CPU, estimated before anything is allocated (module docstring)."""
+    n, m = seq_len(cfg), max(budgets(cfg))
+    itemsize = torch.finfo(DTYPES[cfg.dtype]).bits // 8
+    with_matrix = n * n * itemsize <= cfg.max_matrix_mb * 2**20
+    with_svd = "svd" in cfg.baselines and with_matrix and n <= cfg.svd_max_seq_len
+    return estimated_bytes(
+        str(cfg.source), n, int(cfg.heads), int(cfg.head_dim), int(cfg.max_sequences),
+        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd,
+    )  # fmt: skip
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """Refuse, before anything is allocated, a run whose estimated peak does not fit this
+    machine's memory (CPU runs; a GPU run's tensors live on the GPU)."""
+    if str(cfg.device).startswith("cuda"):
+        return
+    n, m = seq_len(cfg), max(budgets(cfg))
+    what = f"seq_len={n}, budgets up to {m}, heads={cfg.heads}, dtype={cfg.dtype}"
+    line = refusal(estimated_peak(cfg), available_bytes(), what)
+    if line:
+        raise UserInputError(line)

@@ -61,6 +61,7 @@ HYBRID_FORMS = {
 }
 # landmarks: a budget is Nyström's m (the paper's axis); pairs: scored pairs per query for all.
 BUDGET_UNITS = ("landmarks", "pairs")
+DEFAULT_UNIT = BUDGET_UNITS[0]  # of a config or a caller that names no unit
 BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.
 UNBUDGETED = ("linear", "uniform")
@@ -166,7 +167,7 @@ def core_config(
     n: int,
     attention: Mapping[str, Any],
     seed: int,
-    unit: str = "landmarks",
+    unit: str = DEFAULT_UNIT,
 ) -> dict[str, Any]:
     """The ``build_attention`` config of ``method`` at budget m for sequences of length n.
 
