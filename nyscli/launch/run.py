@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,7 +36,7 @@ from nyscli.launch.faults import (
     parse_hint,
 )
 from nyscli.launch.folders import claim_run_folder, discard_failed
-from nyscli.launch.plan import is_sweep, plan_launch, show_jobs
+from nyscli.launch.plan import Plan, is_sweep, plan_launch, show_jobs
 from nyscli.launch.sweepers import resume, search
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
@@ -111,6 +112,27 @@ def _shared_work_removed(sweep_dir: Path | None) -> Iterator[None]:
             shutil.rmtree(sweep_dir / SWEEP_CACHE, ignore_errors=True)
 
 
+@dataclass
+class _Claim:
+    """What a launch holds when Hydra starts: its plan (None for --help, --info and --cfg, and
+    when there is nothing to run) and the folders it created, which a failed start removes
+    again (``_discarded_if_failed``)."""
+
+    multirun: bool
+    plan: Plan | None = None
+    fresh: Path | None = None  # the run (or sweep) folder this launch created
+    made_parents: list[Path] = field(default_factory=list)  # the folders above it it created
+    sweep_dir: Path | None = None
+    earlier: set[Path] = field(default_factory=set)  # job folders the sweep folder already held
+
+    def held(self) -> contextlib.AbstractContextManager[Any]:
+        """A grid sweep is held while it runs, so no other launch continues it meanwhile (a
+        search's study takes several workers by design)."""
+        if self.sweep_dir is None or self.plan is None or search.is_search(self.plan.hydra):
+            return contextlib.nullcontext()
+        return resume.held(self.sweep_dir)
+
+
 def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
     parser = get_args_parser()
     parser.prog = f"nys {command}"
@@ -125,46 +147,80 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
         say_error(str(error))
         return 2
     hydra.version.setbase("1.3")
-    multirun = bool(args.multirun)
-    inspecting = bool(
-        args.cfg or args.info or args.help or args.hydra_help or args.shell_completion
-    )
-    if args.cfg and (multirun or is_sweep(args.overrides)):
+    if args.cfg and (args.multirun or is_sweep(args.overrides)):
         return _show_sweep(command, args, typed)
-    sweep_dir = None
-    plan = None
-    earlier: set[Path] = set()  # job folders a resumed search's sweep folder already held
-    fresh = None  # the run folder this launch created: removed again if the run fails early
-    made_parents: list[Path] = []  # the folders above it that this launch created
-    if not inspecting:
+    claim = _Claim(bool(args.multirun))
+    if not (args.cfg or args.info or args.help or args.hydra_help or args.shell_completion):
         try:
-            plan = plan_launch(command, list(args.overrides), multirun, args.config_dir)
-            multirun = plan.multirun
-            if plan.note:
-                console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
-            if plan.done:  # e.g. resume= names a finished run: nothing to run, no folder
-                console.print(escape(plan.done), highlight=False, soft_wrap=True)
-                return 0
-            args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
-            fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
-            # A resumed search's sweep folder holds earlier jobs (one cut short), a continued
-            # sweep's its finished ones: not this launch's.
-            if plan.continued is not None:
-                earlier = set(plan.continued.finished)
-            elif sweep_dir is not None:
-                earlier = set(find_run_folders([sweep_dir]))
+            claim = _plan_and_claim(command, args)
         except (*USER_ERRORS, OSError) as error:
             message = missing_launcher(error, args.overrides) or parse_hint(
                 fault_line(error), list(args.overrides)
             )
             say_error(as_typed(message, typed))
             return 2
+        if claim.plan is None:  # e.g. resume= names a finished run: nothing to run, no folder
+            return 0
+    return _run(command, args, parser, claim)
+
+
+def _plan_and_claim(command: str, args: Any) -> _Claim:
+    """Every job composed and checked (``plan_launch``), then the run or sweep folder claimed;
+    a claim without a plan when there is nothing to run."""
+    plan = plan_launch(command, list(args.overrides), bool(args.multirun), args.config_dir)
+    if plan.note:
+        console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
+    if plan.done:
+        console.print(escape(plan.done), highlight=False, soft_wrap=True)
+        return _Claim(plan.multirun)
+    args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
+    fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
+    # A resumed search's sweep folder holds earlier jobs (one cut short), a continued sweep's
+    # its finished ones: not this launch's.
+    earlier: set[Path] = set()
+    if plan.continued is not None:
+        earlier = set(plan.continued.finished)
+    elif sweep_dir is not None:
+        earlier = set(find_run_folders([sweep_dir]))
+    return _Claim(plan.multirun, plan, fresh, made_parents, sweep_dir, earlier)
+
+
+def _discards(error: BaseException, claim: _Claim) -> bool:
+    """Whether a launch that ended with ``error`` leaves its new folder to ``discard_failed``
+    (which still keeps one that produced something): a single run's Hydra write, abort or
+    interruption; a sweeper's refusal before its first job. A failed sweep job, a launcher's
+    exit or a crash (error.txt holds its traceback) keep it."""
+    if isinstance(error, OSError):
+        return not claim.multirun
+    if isinstance(error, JobFailed):
+        return False
+    if isinstance(error, USER_ERRORS):
+        return claim.fresh is not None and not find_run_folders([claim.fresh])
+    return isinstance(error, Abort | TrainingInterrupted | KeyboardInterrupt) and not claim.multirun
+
+
+@contextlib.contextmanager
+def _discarded_if_failed(claim: _Claim) -> Iterator[None]:
+    """The one place a launch removes the folder it claimed (see ``_discards``), before the
+    failure is reported."""
     try:
-        # A grid sweep is held while it runs, so no other launch continues it meanwhile (a
-        # search's study takes several workers by design).
-        grid = sweep_dir is not None and plan is not None and not search.is_search(plan.hydra)
-        holding = resume.held(sweep_dir) if grid else contextlib.nullcontext()
-        with holding, _hydra_reraises(), _shared_work_removed(sweep_dir):
+        yield
+    except BaseException as error:
+        if claim.fresh is not None and _discards(error, claim):
+            discard_failed(claim.fresh, claim.made_parents)
+        raise
+
+
+def _run(command: str, args: Any, parser: Any, claim: _Claim) -> int:
+    """Hydra's own runner on the claimed folder; how it ended as one line and an exit code."""
+    sweep_dir, fresh = claim.sweep_dir, claim.fresh
+    try:
+        with (
+            _discarded_if_failed(claim),
+            claim.held(),
+            _hydra_reraises(),
+            _shared_work_removed(sweep_dir),
+        ):
             _run_hydra(
                 args=args,
                 args_parser=parser,
@@ -175,13 +231,11 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
     except OSError as error:
         # Hydra's own writes failed (the run's .hydra/ config on a full or read-only disk); the
         # job's faults became Abort in Task already.
-        if fresh is not None and not multirun:
-            discard_failed(fresh, made_parents)
         error = naming(error, _given_dir(args.overrides) / ".hydra")  # a write names no file
         say_error(describe_os_error(error))
         return 2
     except JobFailed as failed:  # fail_fast: the first failed job stopped the sweep
-        jobs = len(plan.jobs) if plan is not None else 0
+        jobs = len(claim.plan.jobs) if claim.plan is not None else 0
         of = f" of {jobs}" if jobs else ""
         say_error(
             f"job {failed.job} failed: {failed.message} ({failed.folder}); fail_fast stopped "
@@ -191,8 +245,6 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
     except USER_ERRORS as error:
         # A sweeper's refusal before its first job (a search whose study cannot be opened);
         # the jobs' own faults became Abort or a failed job in Task already.
-        if fresh is not None and not find_run_folders([fresh]):
-            discard_failed(fresh, made_parents)
         say_error(fault_line(error))
         return 2
     except (Abort, TrainingInterrupted) as abort:
@@ -200,24 +252,15 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
         # checkpoint): the message says how to resume it. Stopped before its first step, it is
         # removed like any run that failed before it produced anything.
         message = abort.message
-        if fresh is not None and not multirun:
-            discard_failed(fresh, made_parents)
-            if isinstance(abort, TrainingInterrupted) and not fresh.exists():
-                message += "; no run folder is left"
+        removed = fresh is not None and not claim.multirun and not fresh.exists()
+        if isinstance(abort, TrainingInterrupted) and removed:
+            message += "; no run folder is left"
         say_error(message)
         return abort.code
     except KeyboardInterrupt as stop:
         # Ctrl-C or SIGTERM outside the training loop (data preparation, bench, evaluation);
         # the loop itself raises TrainingInterrupted with its resume line.
-        if fresh is not None and not multirun:
-            discard_failed(fresh, made_parents)
-        kept = fresh is not None and fresh.is_dir()
-        where = f"; what it wrote is kept in {fresh}" if kept else "; no run folder is left"
-        if sweep_dir is not None:  # a sweep goes on where it stopped
-            assert plan is not None  # a sweep folder is claimed from the plan
-            trains = hasattr(experiment_module(command), "resume_pins")
-            where = f"; the sweep continues with: {resume.again(sweep_dir, plan.hydra, trains)}"
-        say_error(f"{stopped(stop)}{where}")
+        say_error(_stopped_line(command, stop, claim))
         return stop_code(stop)
     except SystemExit as exit_:
         # Hydra reported a launcher failure (e.g. a submitit job killed by SIGKILL, OOM):
@@ -226,8 +269,20 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
             raise
         write_summary(sweep_dir)
         if exit_.code not in (None, 0):
-            return sweep_outcome(sweep_dir, earlier) or 1
-    return 0 if sweep_dir is None else sweep_outcome(sweep_dir, earlier)
+            return sweep_outcome(sweep_dir, claim.earlier) or 1
+    return 0 if sweep_dir is None else sweep_outcome(sweep_dir, claim.earlier)
+
+
+def _stopped_line(command: str, stop: KeyboardInterrupt, claim: _Claim) -> str:
+    """What a stop left: the run folder kept or gone, or how the sweep continues."""
+    kept = claim.fresh is not None and claim.fresh.is_dir()
+    where = f"; what it wrote is kept in {claim.fresh}" if kept else "; no run folder is left"
+    if claim.sweep_dir is not None:  # a sweep goes on where it stopped
+        assert claim.plan is not None  # a sweep folder is claimed from the plan
+        trains = hasattr(experiment_module(command), "resume_pins")
+        again = resume.again(claim.sweep_dir, claim.plan.hydra, trains)
+        where = f"; the sweep continues with: {again}"
+    return f"{stopped(stop)}{where}"
 
 
 def sweep_outcome(sweep_dir: Path, earlier: set[Path] = frozenset()) -> int:
