@@ -33,7 +33,7 @@ from nyscli.checkpoints.pretrained import resolve_pretrained
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
-from nyscli.experiments import schema
+from nyscli.experiments import schema, training
 from nyscli.experiments.finetune.evaluate import (
     DEPLOYMENT_PLOT,
     by_length,
@@ -62,30 +62,11 @@ from nyscli.experiments.finetune.tasks import (
     num_classes,
     seeded_subset,
 )
-from nyscli.experiments.training import (
-    baseline_fields,
-    check_attention,
-    check_device,
-    check_values,
-    class_balance,
-    fit_schedule,
-    preflight,
-    result_row,
-    resume_pins,
-    start_run,
-    trainer_config,
-    write_learning_curve,
-)
+from nyscli.experiments.training import preflight, resume_pins
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.paper import TABLE2
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table, whole
-from nyscli.train import (
-    ShuffledBatches,
-    Trainer,
-    TrainerConfig,
-    distributed,
-    eval_batches,
-)
+from nyscli.train import ShuffledBatches, Trainer, TrainerConfig, distributed, eval_batches
 from nyscli.train.checkpoint import load_best
 from nyscli.train.resume import architecture
 
@@ -117,20 +98,20 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    check_values(cfg, RULES)
+    training.check_values(cfg, RULES)
     # trainer.max_steps=null: the epochs decide, once the data is read.
-    check_device(cfg, trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
+    training.check_device(cfg, training.trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
     check_conv_fit(cfg, names_attention(current_overrides()))
     if cfg.get("eval_only"):
         run_config(Path(str(cfg.eval_only)))
-        check_attention(cfg)
+        training.check_attention(cfg)
     elif str(cfg.init) != SCRATCH:
         check_init(str(cfg.init))
-        check_attention(cfg)
+        training.check_attention(cfg)
     elif cfg.scratch.like:
         pretrained_folder(str(cfg.scratch.like), "scratch.like")
     else:
-        check_attention(cfg)
+        training.check_attention(cfg)
 
 
 def planned_steps(cfg: DictConfig, train_examples: int, batch_size: int) -> int:
@@ -233,9 +214,13 @@ def trainer_settings(
     trainer.max_steps), with the warm-up of ``warmup_ratio`` and the eval interval fitted."""
     steps, warmup = schedule(cfg, train_examples, per_update)
     planned = planned_steps(cfg, train_examples, per_update)
-    settings = trainer_config(cfg, max_steps=steps, warmup_steps=warmup, planned_steps=planned)
+    settings = training.trainer_config(
+        cfg, max_steps=steps, warmup_steps=warmup, planned_steps=planned
+    )
     # warmup_ratio already scales the warm-up with the cap; only the eval interval may not.
-    return fit_schedule(settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",))
+    return training.fit_schedule(
+        settings, run_dir, () if cfg.warmup_ratio is None else ("warmup_steps",)
+    )
 
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
@@ -245,7 +230,7 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         return evaluate_only(cfg, run_dir)
     started = time.perf_counter()
     task = str(cfg.task.name)
-    device, plan = start_run(cfg, run_dir)
+    device, plan = training.start_run(cfg, run_dir)
     # The data is read before the model is loaded, so a bad data.path is refused alone, before
     # the init= line and the seconds a pretrained model takes to load.
     examples = load_splits(cfg)
@@ -270,9 +255,11 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(by_length(encoded[devs[0]], settings.eval_examples), eval_size, collate)
-    dev_balance = class_balance("dev subset", dataset_labels(dev.dataset), num_classes(task))
+    dev_balance = training.class_balance(
+        "dev subset", dataset_labels(dev.dataset), num_classes(task)
+    )
     reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
-    balance = class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
+    balance = training.class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
     fit = trainer.fit(train, dev, plan.checkpoint)
     # A capped run's final dev and test evaluations see at most the examples it trained on.
     final, test = final_scores(trainer, fit, encoded, devs, lambda d: eval_batches(
@@ -280,8 +267,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     attention = attention_label(dict(start.encoder.config.attention))
-    write_learning_curve(run_dir, f"{task}, init {init_label(start.source)}, {attention}",
-                         fit.best_step, dev_balance)  # fmt: skip
+    training.write_learning_curve(run_dir, f"{task}, init {init_label(start.source)}, {attention}",
+                                  fit.best_step, dev_balance)  # fmt: skip
     first = final.get(devs[0], {})
     score = (test if reported == "test" else first).get("accuracy", math.nan)
     fields: dict[str, Any] = {
@@ -306,10 +293,10 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
             if start.source == SCRATCH or is_checkpoint_spec(start.source)
             else str(resolve_pretrained(Path(start.source)).resolve())
         ),
-        **baseline_fields(balance, score, reported, dev_balance),
+        **training.baseline_fields(balance, score, reported, dev_balance),
     }
-    row = result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train, device=device,
-                     plan=plan, started=started)  # fmt: skip
+    row = training.result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train,
+                              device=device, plan=plan, started=started)  # fmt: skip
     return pd.DataFrame([row])
 
 

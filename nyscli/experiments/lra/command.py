@@ -23,7 +23,7 @@ from nyscli import attention
 from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
-from nyscli.experiments import schema
+from nyscli.experiments import schema, training
 from nyscli.experiments.lra.table import render_table3, write_table3
 from nyscli.experiments.lra.tasks import (
     DUAL_TASKS,
@@ -33,29 +33,10 @@ from nyscli.experiments.lra.tasks import (
     load_task,
     trivial_baseline,
 )
-from nyscli.experiments.training import (
-    baseline_fields,
-    check_attention,
-    check_device,
-    check_values,
-    class_balance,
-    fit_schedule,
-    preflight,
-    result_row,
-    resume_pins,
-    start_run,
-    trainer_config,
-    write_learning_curve,
-)
+from nyscli.experiments.training import preflight, resume_pins
 from nyscli.models import INITS, POOLINGS, build_classifier
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
-from nyscli.train import (
-    ShuffledBatches,
-    Trainer,
-    TrainerConfig,
-    distributed,
-    eval_batches,
-)
+from nyscli.train import ShuffledBatches, Trainer, TrainerConfig, distributed, eval_batches
 from nyscli.train.resume import architecture
 
 log = logging.getLogger(__name__)
@@ -105,10 +86,10 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    check_values(cfg, RULES)
+    training.check_values(cfg, RULES)
     check_source(cfg.task, cfg.data)
-    check_device(cfg, trainer_config(cfg))
-    check_attention(cfg)
+    training.check_device(cfg, training.trainer_config(cfg))
+    training.check_attention(cfg)
 
 
 def sized_data(data: DictConfig, settings: TrainerConfig) -> tuple[DictConfig, str | None]:
@@ -144,15 +125,15 @@ def attention_label(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     started = time.perf_counter()
-    device, plan = start_run(cfg, run_dir)
-    planned = trainer_config(cfg)
+    device, plan = training.start_run(cfg, run_dir)
+    planned = training.trainer_config(cfg)
     sized, note = sized_data(cfg.data, planned)
     with distributed.main_first():  # one rank generates the cached data, the others read it
         data = load_task(cfg.task, sized, cfg.data_cache, cfg.threads)
     # After the data: a bad data file is then the run's only output line.
     if note:
         log.info(note)
-    settings = fit_schedule(planned, run_dir)
+    settings = training.fit_schedule(planned, run_dir)
     baseline, rule_accuracy = trivial_baseline(cfg.task.name, data)
     log.info(
         "task %s on %s: %d train / %d dev / %d test examples; %s scores %.2f%% on test",
@@ -183,8 +164,8 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     eval_size = settings.eval_batch_size or settings.batch_size
     dev_set = evaluation_subset(data.val, settings.eval_examples)
     test_set = evaluation_subset(data.test, settings.held_out_size(cfg.task.test_examples))
-    dev_balance = class_balance("dev set", dataset_labels(dev_set), data.num_classes)
-    test_balance = class_balance("test set", dataset_labels(test_set), data.num_classes)
+    dev_balance = training.class_balance("dev set", dataset_labels(dev_set), data.num_classes)
+    test_balance = training.class_balance("test set", dataset_labels(test_set), data.num_classes)
     dev = eval_batches(dev_set, eval_size, data.collate)
     fit = trainer.fit(train, dev, plan.checkpoint)
     test = {"accuracy": math.nan, "loss": math.nan}
@@ -194,7 +175,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if not distributed.is_main():
         return pd.DataFrame()  # rank 0 writes the results
     label = attention_label(cfg)
-    write_learning_curve(run_dir, f"LRA {cfg.task.name}, {label}", fit.best_step, dev_balance)
+    training.write_learning_curve(
+        run_dir, f"LRA {cfg.task.name}, {label}", fit.best_step, dev_balance
+    )
     fields: dict[str, Any] = {
         "task": cfg.task.name,
         "dataset": data.dataset,
@@ -204,12 +187,12 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
         "rule_accuracy": rule_accuracy,
         "test_loss": test["loss"],
         "best_dev_accuracy": fit.best_value,
-        **baseline_fields(test_balance, test["accuracy"], "test", dev_balance),
+        **training.baseline_fields(test_balance, test["accuracy"], "test", dev_balance),
         "test_examples": len(test_set),
         "max_len": int(cfg.task.max_len),
     }
-    row = result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train, device=device,
-                     plan=plan, started=started)  # fmt: skip
+    row = training.result_row(fields, cfg=cfg, fit=fit, trainer=settings, train=train,
+                              device=device, plan=plan, started=started)  # fmt: skip
     return pd.DataFrame([row])
 
 
