@@ -1,7 +1,7 @@
 """The GPU path's switches read from the environment, checked by ``nys`` before it starts.
 
 Torch-free, so that ``nys`` can refuse a bad value in one line before importing anything heavy
-(``nyscli.attention.gpu.landmark`` reads the same values when it is imported).
+(``nyscli.attention.gpu.gates`` builds the gates from the same values).
 
 - ``NYS_GPU_CHECKED``: the GPU kernels or paths a GPU has checked against float64 in this
   machine's session (``scripts/gpu_profile.py``), turned on before their defaults are: a
@@ -21,8 +21,8 @@ HYBRID_LAUNCH_ENV = "NYS_HYBRID_LAUNCH"
 # "hybrid" names both widths of the hybrid's kernel.
 CHECKABLE = ("hybrid", "hybrid-16-bit", "hybrid-32-bit", "inference", "graph")
 # Landmark and heavy-key tiles padded to at least min_tile, warps, the band loops' stages:
-# what passed against float64 in both widths and ran fastest on the H200 (lease 7,
-# docs/results/gpu/2026-11-28-h200-lease7-hybrid-matrix.csv; min_tile 16 faults there).
+# what passed against float64 in both widths and ran fastest on a GPU
+# (docs/results/gpu-notes.md, "hybrid launch").
 HYBRID_LAUNCH_DEFAULT = {"min_tile": 64, "num_warps": 8, "num_stages": 1}
 
 

@@ -7,9 +7,10 @@ stack (spills) and shared memory per kernel, from Triton's own compiler and ptxa
 Triton's interpreter (what the tests run on a CPU) executes a kernel's Python; it does not
 compile it, so a kernel can pass every interpreter test and still fail to compile or spill
 kilobytes per thread on the GPU (docs/results/gpu-notes.md). This compiles each kernel at the
-shapes the core launches (m = 64, d = 64, bf16 tiles; the hybrid at budget 128) for sm_<arch>
-and prints one row per kernel. Exit 1 when any kernel fails to compile. ``--quick``: not the
-landmark backward (about a minute of ptxas). Needs triton (``scripts/setup --dev``); run it
+shapes the core launches (each op's examples in ``nyscli/attention/gpu/``: m = 64, d = 64,
+bf16 tiles; the hybrid at budget 128) for sm_<arch> with its launch options and prints one
+row per kernel. Exit 1 when any kernel fails to compile. ``--quick``: not the landmark
+backward (about a minute of ptxas). Needs triton (``scripts/setup --dev``); run it
 without ``TRITON_INTERPRET`` (the tests start it in a process of its own).
 """
 
@@ -28,132 +29,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's nyscli, installed or not
 
 
-def kernels(quick: bool) -> list[tuple[str, object, dict, dict, int]]:
-    """(name, kernel, argument types, constexprs, warps) as the core launches each."""
-    import torch
-    import triton.language as tl
+# ptxas takes about a minute over the landmark backward alone.
+SLOW = {"landmark backward"}
 
-    from nyscli.attention.gpu import hybrid_kernels as local
-    from nyscli.attention.gpu import landmark as nystrom_gpu
-    from nyscli.attention.gpu import landmark_kernels as landmark
 
-    prec = nystrom_gpu.PRODUCTS["16-bit"]  # the bf16 tiles below
-    warps = nystrom_gpu.WARPS[prec]
-    f32, i32 = "*fp32", "i32"
-    shape = {"heads": i32, "scale": "fp32", "tiny": "fp32", "M": i32, "D": i32}
-    tile = {"BM": 64, "BD": 64, "ITERS": 6, "HAS_E": True, "DT": tl.float32, "PREC": prec}
-    bf16 = dict.fromkeys(("ql_ptr", "kl_ptr", "bv_ptr"), "*bf16")
-    f_w_types = {
-        **dict.fromkeys(("q_ptr", "kl_ptr", "out_ptr"), "*bf16"),
-        **{"w_ptr": f32, "e_ptr": "*i8", "heads": i32, "n": i32, "scale": "fp32"},
-        **{"M": i32, "D": i32},
-    }
-    rounding = nystrom_gpu.rounding(torch.bfloat16)  # what the inference op passes for bf16 work
-    f_w_tile = {"BQ": 64, "BM": 64, "BD": 64, "HAS_E": True, "PREC": prec, "HALF_DOT": True,
-                "OP": rounding}  # fmt: skip
-    rows = [
-        (
-            "landmark forward",
-            landmark.forward,
-            {**bf16, "e_ptr": "*i8", "w_ptr": "*bf16", **shape},
-            tile,
-            warps["forward"],
-        ),
-        (
-            "pinv (hybrid, m = 16)",
-            landmark.pinv,
-            {"a_ptr": f32, "z_ptr": f32, "tiny": "fp32", "M": i32},
-            {"BM": 16, "ITERS": 6, "DT": tl.float32, "PREC": prec},
-            warps["pinv"],
-        ),
-        (
-            "Bk V split (inference, float32 q~)",  # padded segment means beside bf16 k, v
-            landmark.landmark_attention_split,
-            {
-                "ql_ptr": f32,
-                "k_ptr": "*bf16",
-                "v_ptr": "*bf16",
-                "keep_ptr": "*i8",
-                **dict.fromkeys(("acc_ptr", "top_ptr", "total_ptr"), f32),
-                **{"heads": i32, "n": i32, "chunk": i32, "scale": "fp32", "M": i32, "D": i32},
-            },
-            {
-                "BM": 64,
-                "BK": 64,
-                "BD": 64,
-                "HAS_KEEP": True,
-                "DT": tl.float32,
-                "PREC": prec,
-                "HALF_DOT": True,
-                "OP": rounding,
-            },  # fmt: skip
-            4,
-        ),
-        (
-            "Bk V combine (inference)",
-            landmark.landmark_attention_combine,
-            {
-                **dict.fromkeys(("acc_ptr", "top_ptr", "total_ptr"), f32),
-                "e_ptr": "*i8",
-                "bv_ptr": f32,
-                **{"heads": i32, "splits": i32, "M": i32, "D": i32},
-            },
-            {"BM": 64, "BD": 64, "HAS_E": True},
-            4,
-        ),
-        ("F W (inference)", landmark.landmark_output, f_w_types, f_w_tile, 4),
-        (  # bf16 q beside float32 k~ (padded segment means: the LRA Text step, lease 7)
-            "F W (inference, float32 k~)",
-            landmark.landmark_output,
-            {**f_w_types, "kl_ptr": f32},
-            f_w_tile,
-            4,
-        ),
-        (
-            "F W (inference, autocast)",  # float32 q and k~ read and rounded to bf16 in the kernel
-            landmark.landmark_output,
-            {**f_w_types, "q_ptr": f32, "kl_ptr": f32},
-            f_w_tile,
-            4,
-        ),
-        (
-            "hybrid forward (budget 128)",
-            local.hybrid_forward,
-            {
-                **dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "*bf16"),
-                "keys_ptr": f32,
-                **dict.fromkeys(
-                    ("b_ptr", "z_ptr", "sk_ptr", "sv_ptr", "hb_ptr", "hr_ptr", "mass_ptr"), f32
-                ),
-                **dict.fromkeys(("n", "R", "M", "G", "D"), i32),
-                "scale": "fp32",
-                "tiny": "fp32",
-            },
-            {
-                "BQ": 64,
-                "BK": 64,
-                "BM": 16,
-                "BG": 32,
-                "BD": 64,
-                "OP": tl.bfloat16,
-                "DT": tl.float32,
-                "NATIVE": True,
-            },  # fmt: skip
-            8,
-        ),
-    ]
-    if not quick:
-        grads = dict.fromkeys(("gql_ptr", "gkl_ptr", "gbv_ptr", "scratch_ptr"), f32)
-        rows.insert(
-            1,
-            (
-                "landmark backward",
-                landmark.backward,
-                {**bf16, "e_ptr": "*i8", "gw_ptr": "*bf16", **grads, **shape},
-                tile,
-                warps["backward"],
-            ),
-        )
+def kernels(quick: bool) -> list[tuple[str, object, dict, dict, dict]]:
+    """(name, kernel, argument types, constexprs, options) of every launch the GPU ops list
+    (``nyscli.attention.gpu.ops.OPS``), as each op builds it at the core's shapes."""
+    from nyscli.attention.gpu import ops
+
+    rows = []
+    for op in ops.load_all().values():
+        for name, launch in op.examples():
+            if quick and name in SLOW:
+                continue
+            types, constants = launch.signature()
+            options = {"num_warps": 4, **launch.options}
+            rows.append((name, ops.kernel(launch.kernel), types, constants, options))
     return rows
 
 
@@ -188,12 +80,13 @@ def main() -> None:
     print(f"triton {triton.__version__}, sm_{opts.arch}")
     print(f"{'kernel':<36} {'warps':>5} {'registers':>9} {'stack B':>8} {'shared B':>8} {'s':>4}")
     failed = 0
-    for name, kernel, types, constants, warps in kernels(opts.quick):
+    for name, kernel, types, constants, options in kernels(opts.quick):
+        warps = options["num_warps"]
         start = time.monotonic()
         signature = {**types, **dict.fromkeys(constants, "constexpr")}
         try:
             source = ASTSource(kernel, signature, constexprs=constants)
-            compiled = triton.compile(source, target=target, options={"num_warps": warps})
+            compiled = triton.compile(source, target=target, options=options)
         except Exception as error:  # the row, then the next kernel
             failed += 1
             first = str(error).strip().splitlines()[-1] if str(error).strip() else ""

@@ -39,6 +39,7 @@ about a minute for a tf32x3 backward).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import json
@@ -94,14 +95,19 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
+    from nyscli.attention.gpu import gates
+
+    with contextlib.ExitStack() as gated:
+        if args.toy:  # CPU tensors through the kernels; CPU training would skip both paths
+            gated.enter_context(gates.override(testing=True, fused_cpu=False))
+        run(args, torch, gated)
+
+
+def run(args: argparse.Namespace, torch, gated: contextlib.ExitStack) -> None:
+    """``main`` with the gates of this run entered in ``gated``."""
     from nyscli import gpu_env
-    from nyscli.attention.gpu import landmark as nystrom_gpu
+    from nyscli.attention.gpu import gates
 
-    if args.toy:
-        from nyscli.attention.nystrom import NystromAttention
-
-        nystrom_gpu.TESTING = True
-        NystromAttention.fused_cpu_backward = False  # else CPU training skips both paths
     device = torch.device("cpu" if args.toy else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_profile: no CUDA device (use --toy on a CPU)")
@@ -119,7 +125,8 @@ def main() -> None:
         write_csv(out / "hybrid-matrix.csv", found)
         setting, widths = chosen_setting(found)
         if widths:  # the rest of the run launches the hybrid's kernel so, for these widths
-            nystrom_gpu.HYBRID_LAUNCH.update(gpu_env.hybrid_launch(setting))
+            launch = {**gates.current().hybrid_launch, **gpu_env.hybrid_launch(setting)}
+            gated.enter_context(gates.override(hybrid_launch=launch))
             HYBRID_WIDTHS[:] = widths
             checked = ",".join(f"hybrid-{w}" for w in widths)
             print(f"hybrid kernel: NYS_HYBRID_LAUNCH={setting} NYS_GPU_CHECKED={checked}")
@@ -147,7 +154,7 @@ def main() -> None:
     print(summary(rows))
 
 
-# The hybrid kernel's launch settings to try (nystrom_gpu.HYBRID_LAUNCH): tiles padded to 16
+# The hybrid kernel's launch settings to try (the gates' hybrid_launch): tiles padded to 16
 # or 64 (16 faulted on the H200 with Triton 3.6 in three leases, in both widths in lease 7;
 # 64 passed), 3 or 1 pipeline stages (111 or 49 KB of shared memory in float32). ~20 s each
 # on a fresh machine.
@@ -221,7 +228,7 @@ def kernel_serves(path: str, dtype) -> bool:
 def hybrid_probe(torch, device, n: int) -> None:
     """One line of JSON per dtype: the hybrid kernel (this process's NYS_HYBRID_LAUNCH)
     against the torch path in float64, beside the torch path in that dtype, and its GPU time."""
-    from nyscli.attention.gpu import landmark as nystrom_gpu
+    from nyscli.attention.gpu import gates
 
     exact = inputs(torch, device, n, torch.float64, grad=False, seed=1)
     with torch.no_grad():
@@ -235,10 +242,10 @@ def hybrid_probe(torch, device, n: int) -> None:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)  # a fault surfaces here, in this row
                 errors[path] = ((got.double() - want).norm() / want.norm()).item()
-            # the kernel's path: the loop's last core (core() left its switches on)
+            # the kernel's path: the loop's last core
             gpu_us = 1e3 * bench_ms(torch, device, functools.partial(attention, *x))
             ok = errors["hybrid-triton"] <= max(4 * errors["hybrid-torch"], 1e-4)
-            row = {"dtype": str(dtype).split(".")[-1], "n": n, **nystrom_gpu.HYBRID_LAUNCH}
+            row = {"dtype": str(dtype).split(".")[-1], "n": n, **gates.current().hybrid_launch}
             row.update(error=errors["hybrid-triton"], torch_error=errors["hybrid-torch"])
             print(json.dumps({**row, "gpu_us": gpu_us, "within": ok}), flush=True)
 
@@ -278,23 +285,39 @@ def run_kernel_tests(out: Path) -> None:
     print(f"kernel tests on CUDA: exit {done.returncode}: {last}", flush=True)
 
 
-def core(torch, path: str):
-    """The attention core of ``path`` and a switch that puts Nyström on that path."""
+class Gated:
+    """A core called under the gates that put it on one path (no autograd across calls)."""
+
+    def __init__(self, attention, switches: dict) -> None:
+        self.attention, self.switches = attention, switches
+
+    def __call__(self, *args):
+        from nyscli.attention.gpu import gates
+
+        with gates.override(**self.switches):
+            return self.attention(*args)
+
+
+def core(torch, path: str) -> Gated:
+    """The attention core of ``path``, called with the gates that put Nyström on that path."""
     from nyscli.attention import build_attention
-    from nyscli.attention.gpu import landmark as nystrom_gpu
+    from nyscli.attention.gpu import gates
 
     if path == "sdpa":
-        return build_attention({"name": "softmax"})
-    nystrom_gpu.HAS_TRITON = path.endswith(("-triton", "-fused", "-graphed")) and _triton_found()
+        return Gated(build_attention({"name": "softmax"}), {})
     # The kernels no GPU has checked yet, on for the rows that check them.
-    for width in ("16-bit", "32-bit"):
-        on = path == "hybrid-triton" and width in HYBRID_WIDTHS
-        nystrom_gpu.CHECKED_ON_GPU[f"hybrid-{width}"] = on
-    nystrom_gpu.CHECKED_ON_GPU["inference"] = path in ("nystrom-fused", "nystrom-graphed")
-    nystrom_gpu.CHECKED_ON_GPU["graph"] = path == "nystrom-graphed"
-    if path.startswith("hybrid"):
-        return build_attention({"name": "nystrom_local"})  # budget 128: w 65, m 16, g 32
-    return build_attention({"name": "nystrom", "num_landmarks": LANDMARKS})
+    checked = set(gates.current().checked) - {"hybrid-16-bit", "hybrid-32-bit", "inference"}
+    checked -= {"graph"}
+    checked |= {f"hybrid-{w}" for w in HYBRID_WIDTHS if path == "hybrid-triton"}
+    checked |= {"inference"} if path in ("nystrom-fused", "nystrom-graphed") else set()
+    checked |= {"graph"} if path == "nystrom-graphed" else set()
+    switches = {
+        "triton": path.endswith(("-triton", "-fused", "-graphed")) and _triton_found(),
+        "checked": checked,
+    }
+    if path.startswith("hybrid"):  # budget 128: w 65, m 16, g 32
+        return Gated(build_attention({"name": "nystrom_local"}), switches)
+    return Gated(build_attention({"name": "nystrom", "num_landmarks": LANDMARKS}), switches)
 
 
 def _triton_found() -> bool:
@@ -459,7 +482,7 @@ def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], o
     return graph.replay
 
 
-# The landmark programs' settings to time (nystrom_gpu.PRODUCTS, WARPS), the current one first.
+# The landmark programs' settings to time (the gates' products and warps), the current one first.
 FORWARD_VARIANTS = [("tf32x3", 4), ("tf32", 4), ("tf32", 8)]
 BACKWARD_VARIANTS = [("tf32x3", 8), ("tf32", 4), ("tf32", 8)]
 
@@ -472,8 +495,7 @@ def variants(torch, device, toy: bool) -> list[dict]:
     (W comes back in its inputs' dtype: bf16's rounding would hide the products' error)."""
     import torch.nn.functional as F
 
-    from nyscli.attention.gpu import landmark as nystrom_gpu
-    from nyscli.attention.nystrom import NystromAttention
+    from nyscli.attention.gpu import gates, landmark, reference
 
     n, m = (256, 16) if toy else (PROFILE_LEN, LANDMARKS)
     q, k, v = inputs(torch, device, n, torch.float32, grad=False, seed=3)
@@ -481,39 +503,44 @@ def variants(torch, device, toy: bool) -> list[dict]:
     bv = F.scaled_dot_product_attention(means[0], k, v)
     upstream = torch.randn(bv.shape, device=device, dtype=torch.float64)
     exact = [x.double().requires_grad_() for x in (*means, bv)]
-    core = NystromAttention(num_landmarks=m)
-    w_ref = core.pseudo_inverse(core.landmark_kernel(exact[0], exact[1], None)) @ exact[2]
+    w_ref = reference.landmark_weights(*exact, None, 6)
     g_ref = torch.autograd.grad(w_ref, exact, upstream)
 
     def error(got, want) -> float:
         return ((got.double() - want).norm() / want.norm()).item()
 
     rows = []
-    saved = (nystrom_gpu.PRODUCTS, nystrom_gpu.WARPS)
+    saved = gates.current()
     x = [t.contiguous() for t in (*means, bv)]
     grad_w = upstream.float()
-    try:
-        for kernel, settings in (("forward", FORWARD_VARIANTS), ("backward", BACKWARD_VARIANTS)):
-            for products, warps in settings:
-                # the same products whatever the operands (these are float32), these warps
-                nystrom_gpu.PRODUCTS = dict.fromkeys(saved[0], products)
-                nystrom_gpu.WARPS = {**saved[1], products: {**saved[1][products], kernel: warps}}
-                if kernel == "forward":
-                    fn = lambda: nystrom_gpu._forward(*x, None, 6)  # noqa: E731
-                    err = error(fn(), w_ref)
-                else:
-                    fn = lambda: nystrom_gpu._backward(*x, None, grad_w, 6)  # noqa: E731
-                    err = max(error(g, r) for g, r in zip(fn(), g_ref, strict=True))
-                row = {"kernel": kernel, "products": products, "warps": warps}
-                row.update(gpu_us=1e3 * bench_ms(torch, device, fn), relative_error_vs_float64=err)
-                rows.append(row)
-                print(
-                    f"{kernel:>8} {products:>6} {warps:>2} warps: {row['gpu_us']:8.1f} us, "
-                    f"error {err:.2e}",
-                    flush=True,
-                )
-    finally:
-        nystrom_gpu.PRODUCTS, nystrom_gpu.WARPS = saved[0], saved[1]
+    for kernel, settings in (("forward", FORWARD_VARIANTS), ("backward", BACKWARD_VARIANTS)):
+        for products, warps in settings:
+            # the same products whatever the operands (these are float32), these warps
+            setting = {
+                "products": dict.fromkeys(saved.products, products),
+                "warps": {**saved.warps, products: {**saved.warps[products], kernel: warps}},
+            }
+            if kernel == "forward":
+                call = lambda: landmark._forward(*x, None, 6)  # noqa: E731
+            else:
+                call = lambda: landmark._backward(*x, None, grad_w, 6)  # noqa: E731
+
+            def fn(call=call, setting=setting):
+                with gates.override(**setting):
+                    return call()
+
+            if kernel == "forward":
+                err = error(fn(), w_ref)
+            else:
+                err = max(error(g, r) for g, r in zip(fn(), g_ref, strict=True))
+            row = {"kernel": kernel, "products": products, "warps": warps}
+            row.update(gpu_us=1e3 * bench_ms(torch, device, fn), relative_error_vs_float64=err)
+            rows.append(row)
+            print(
+                f"{kernel:>8} {products:>6} {warps:>2} warps: {row['gpu_us']:8.1f} us, "
+                f"error {err:.2e}",
+                flush=True,
+            )
     return rows
 
 
@@ -607,8 +634,6 @@ PROFILES = [
 def profile(torch, device, row: str, mode: str, n: int, autocast: bool = False) -> str:
     """One call under the torch profiler: kernels launched, their GPU time, the top ones.
     ``autocast``: float32 inputs under bf16 autocast, as the bench runs bf16."""
-    import contextlib
-
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 

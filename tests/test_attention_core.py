@@ -14,6 +14,8 @@ from nyscli.attention import (
     available,
     build_attention,
 )
+from nyscli.attention.core import Path
+from nyscli.attention.gpu import gates
 from nyscli.attention.landmarks import segment_means
 from nyscli.attention.multihead import ValueConvSkip
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
@@ -428,8 +430,9 @@ def test_fused_cpu_training_path_equals_plain_autograd(dtype):
     core = nystrom(num_landmarks=16)
     results = []
     for fused in (True, False):
-        core.fused_cpu_backward = fused
-        out = core(q, k, v)
+        with gates.override(fused_cpu=fused):
+            assert (core.path(q, k, v) is Path.FUSED_CPU) == fused
+            out = core(q, k, v)
         assert ("Fused" in type(out.grad_fn).__name__) == fused
         results.append((out, *torch.autograd.grad((out * weights).sum(), (q, k, v))))
     for got, want in zip(*results, strict=True):

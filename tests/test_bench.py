@@ -330,3 +330,29 @@ def test_a_row_whose_core_replays_a_cuda_graph_says_so():
     assert "a CUDA graph replayed on the same inputs" in _describe({**result, "cuda_graph": True})
     (row,) = measure_interleaved([{**spec, "time_budget_s": 0.2}], 120, 9.0)
     assert row["status"] == "ok" and row["cuda_graph"] is False
+
+
+@pytest.mark.parametrize(
+    ("attention", "scope", "mode", "path"),
+    [
+        ({"name": "nystrom", "num_landmarks": 16}, "core", "forward", "head-groups"),
+        ({"name": "nystrom", "num_landmarks": 16}, "core", "train", "fused-cpu"),
+        (
+            {"name": "nystrom", "num_landmarks": 16, "landmarks": "random"},
+            "module",
+            "train",
+            "torch",
+        ),
+        ({"name": "nystrom", "num_landmarks": 128}, "core", "forward", "exact"),  # m >= n
+        ({"name": "softmax"}, "module", "forward", "sdpa"),
+        ({"name": "softmax_naive"}, "core", "forward", "torch"),
+        ({"name": "softmax"}, "projections", "forward", ""),  # no core to ask
+    ],
+)
+def test_each_row_names_the_path_its_core_took(attention, scope, mode, path):
+    spec = {**SPEC, "attention": attention, "scope": scope, "mode": mode, "seq_len": 64}
+    _, _, ready = bench_worker.prepare({**spec, "warmup": 1})
+    assert ready["path"] == path
+    env = collect_env("cpu")
+    assert env["gates"]["checked"] == ["graph", "hybrid-16-bit", "hybrid-32-bit", "inference"]
+    assert set(env["gates"]) == {"checked", "hybrid_launch", "products", "triton", "interpreting"}

@@ -13,6 +13,7 @@ and Performer their projections or features. This is the one place the rule is w
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, ClassVar
 
 import torch
@@ -28,11 +29,35 @@ def backward_follows(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+class Path(str, Enum):
+    """The code that serves a core's call, by name (``Core.path``; bench's ``path`` column)."""
+
+    EXACT = "exact"  # exact attention: no more real tokens than the budget
+    SDPA = "sdpa"  # PyTorch's fused scaled_dot_product_attention
+    TORCH = "torch"  # the general torch code, all heads at once
+    HEAD_GROUPS = "head-groups"  # the general torch code, a few heads at a time
+    RECOMPUTE = "recompute"  # the general code, recomputed in backward (``recompute=True``)
+    FUSED_CPU = "fused-cpu"  # Nyström's one autograd node over the CPU flash kernels
+    TRITON = "triton"  # Nyström's landmark side as one Triton program per head, rest SDPA
+    INFERENCE = "inference-op"  # Nyström at inference in four Triton kernels, no SDPA
+    GRAPH = "cuda-graph"  # the inference op replayed from a CUDA graph
+    KERNEL = "hybrid-kernel"  # the hybrid's forward as one Triton program per query block
+    CHUNKS = "chunks"  # the general torch code over chunks of query blocks
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Core(nn.Module):
     """Base of every core: its options, its budget key and its label (see the module doc)."""
 
     options: ClassVar[dict[str, Rule]]
     budget_key: ClassVar[str | None]
+
+    def path(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Path:
+        """The code that serves ``forward(q, k, v, key_padding_mask)`` in this context (grad
+        mode, autocast, device): the general torch code unless a core says otherwise."""
+        return Path.TORCH
 
     def label(self) -> str:
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -11,10 +12,9 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from nyscli.attention.chunking import DEFAULT_BUDGET, by_length, in_head_groups
-from nyscli.attention.core import Core, backward_follows, configure
+from nyscli.attention.core import Core, Path, backward_follows, configure
 from nyscli.attention.errors import not_causal
-from nyscli.attention.gpu import landmark as nystrom_gpu
-from nyscli.attention.gpu.graphs import Graphs
+from nyscli.attention.gpu import gates, graphs, inference, landmark, ops, reference
 from nyscli.attention.landmarks import (
     LANDMARK_METHODS,
     select_landmarks,
@@ -62,10 +62,6 @@ class NystromAttention(Core):
         causal: not supported; landmarks mix future tokens into every query.
     """
 
-    # Training on CPU without padding goes through one autograd node (``nystrom_cpu``); tests
-    # turn it off to compare with plain autograd.
-    fused_cpu_backward = True
-
     options = {
         "num_landmarks": Int(low=1),
         "pinv": Choice(PINV_METHODS),
@@ -96,7 +92,7 @@ class NystromAttention(Core):
         super().__init__()
         configure(self, locals())  # every argument checked against options
         self.exact = SoftmaxAttention()
-        self.graphs = Graphs()  # CUDA graphs of this core's launch-bound inference calls
+        self.graphs = graphs.Graphs()  # CUDA graphs of this core's launch-bound inference calls
 
     def label(self) -> str:
         suffix = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
@@ -125,7 +121,7 @@ class NystromAttention(Core):
         a copy per input in backward, so use the returned ones downstream.
         """
         m = self.num_landmarks
-        if self.landmarks == "segment_means" and key_padding_mask is None and q.shape[2] % m == 0:
+        if self.unpadded_segments(q, key_padding_mask):
             q, q_land = shared_segment_means(q, m)
             k, k_land = shared_segment_means(k, m)
             return q, k, q_land, k_land, None
@@ -140,12 +136,7 @@ class NystromAttention(Core):
         Empty landmarks (fewer real tokens than m) get zero rows and columns in A, which the
         pseudo-inverse maps to zero, so they drop out of the product.
         """
-        land_cols = None if exists is None else exists[:, None, None, :]
-        scores = q_land @ k_land.transpose(-1, -2) / math.sqrt(q_land.shape[-1])
-        a = masked_softmax(scores, land_cols)
-        if exists is not None:
-            a = a * exists[:, None, :, None].to(a.dtype)
-        return a
+        return reference.landmark_kernel(q_land, k_land, exists)
 
     def kernels(
         self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None
@@ -176,40 +167,79 @@ class NystromAttention(Core):
             self.approximate, self.exact, q, k, v, key_padding_mask, self.num_landmarks
         )
 
+    def path(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Path:
+        """The code that serves this call, for sequences longer than m (shorter ones take
+        exact attention, ``by_length``). The rules, first match wins:
+
+        | path | when |
+        |---|---|
+        | fused CPU | CPU training, unpadded segment means, m divides n (``nystrom_cpu``) |
+        | recompute | training with ``recompute=True`` |
+        | CUDA graph | the inference op's call, unpadded segment means, launch-bound |
+        | inference op | inference on the Triton path, the op checked on this GPU |
+        | head groups | inference on the torch path, heads independent of each other |
+        | Triton | the landmark side as one program per head (GPU, iterative pinv) |
+        | torch | everything else |
+        """
+        if q.shape[2] <= self.num_landmarks:
+            return Path.EXACT
+        training = backward_follows(q, k, v)
+        triton = self.triton_serves(q, v)
+        if (
+            gates.current().fused_cpu
+            and self.unpadded_segments(q, key_padding_mask)
+            and fused_path_applies(q, k, v)
+        ):
+            return Path.FUSED_CPU
+        if self.recompute and training:
+            return Path.RECOMPUTE
+        if triton and not training and inference.serves(q):
+            # the other landmark choices draw on the host: no capture
+            graphed = self.landmarks == "segment_means" and graphs.serves(q, key_padding_mask)
+            return Path.GRAPH if graphed else Path.INFERENCE
+        if not training and self.heads_independent() and not triton:
+            return Path.HEAD_GROUPS
+        return Path.TRITON if triton else Path.TORCH
+
     def approximate(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
     ) -> Tensor:
-        """The Nyström product for q, k, v: (B, H, n, d) -> (B, H, n, d), whatever the lengths.
+        """The Nyström product for q, k, v: (B, H, n, d) -> (B, H, n, d), whatever the lengths,
+        by ``path``.
 
         F (pinv(A) (Bk V)) is computed as two fused attentions, Bk V = SDPA(q~, k, v) and
         F W = SDPA(q, k~, W): the n x m and m x n kernels are never stored, so memory beyond
         the output is O(m d) and the softmaxes run in PyTorch's fused kernels.
         """
-        if self.uses_fused_path(q, k, v, key_padding_mask):
+        path = self.path(q, k, v, key_padding_mask)
+        if path is Path.FUSED_CPU:
             return fused_segment_means_nystrom(q, k, v, self.num_landmarks, self.landmark_inverse)
-        if self.recompute and backward_follows(q, k, v):
+        if path is Path.RECOMPUTE:
             return self.recomputed_approximation(q, k, v, key_padding_mask)
-        if (
-            self.landmarks == "segment_means"  # the others draw on the host: no capture
-            and self.uses_inference_op(q, k, v)
-            and nystrom_gpu.graph_applies(q, key_padding_mask)
-        ):
-            # launch-bound: the same call replayed from a CUDA graph (graphs.py)
-            return self.graphs(lambda *qkv: self.approximate_all(*qkv, None), q, k, v)
-        if (
-            not backward_follows(q, k, v)
-            and self.heads_independent()
-            and not self.uses_triton(q, v)  # its m x m iterates never leave the kernel
-        ):
+        if path is Path.GRAPH:
+            # launch-bound: the same call replayed from a CUDA graph (gpu/graphs.py)
+            return self.graphs(
+                lambda *qkv: self.approximate_all(*qkv, None, Path.INFERENCE), q, k, v
+            )
+        if path is Path.HEAD_GROUPS:
             # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse
             # iterates: ~8 m^2 a head) outgrow SDPA's whole layer at large batches (MiniLM,
             # batch 64, n 512: 134 vs 52 MB): a few heads at a time, the same values.
             m, d = self.num_landmarks, q.shape[-1]
             per_head = 8 * m * m + 3 * m * d
             return in_head_groups(
-                self.approximate_all, q, k, v, key_padding_mask, per_head, INFERENCE_BUDGET
-            )
-        return self.approximate_all(q, k, v, key_padding_mask)
+                functools.partial(self.approximate_all, path=Path.TORCH),
+                q, k, v, key_padding_mask, per_head, INFERENCE_BUDGET,
+            )  # fmt: skip
+        return self.approximate_all(q, k, v, key_padding_mask, path)
+
+    def unpadded_segments(self, q: Tensor, key_padding_mask: Tensor | None) -> bool:
+        """Whether the landmarks are segment means of equal segments with no padding."""
+        return (
+            self.landmarks == "segment_means"
+            and key_padding_mask is None
+            and q.shape[2] % self.num_landmarks == 0
+        )
 
     def heads_independent(self) -> bool:
         """Whether each head's result depends on its own q, k, v alone. Not with the original
@@ -219,16 +249,33 @@ class NystromAttention(Core):
             self.pinv_init == "per_matrix" and self.pinv_tolerance is None
         )
 
+    def triton_serves(self, q: Tensor, v: Tensor) -> bool:
+        """Whether the landmark side can run as ``gpu.landmark``'s one program per head: on a
+        GPU (or under Triton's interpreter in tests), for the iterative pseudo-inverse from
+        its per-matrix start with a fixed number of steps, up to its tile's size."""
+        return (
+            self.pinv == "iterative"
+            and self.pinv_init == "per_matrix"
+            and self.pinv_tolerance is None
+            and ops.kernels_serve(q, v, self.num_landmarks)
+        )
+
     def approximate_all(
-        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        path: Path = Path.TORCH,
     ) -> Tensor:
-        """:meth:`approximate` over all of q's heads in one go (the general path)."""
+        """:meth:`approximate` over all of q's heads in one go, by ``path``: the inference op,
+        the Triton landmark side, or torch."""
         q, k, q_land, k_land, exists = self.pick_landmarks(q, k, key_padding_mask)
-        if self.uses_inference_op(q, k, v):
-            return nystrom_gpu.nystrom_inference(
+        if path is Path.INFERENCE:
+            return inference.nystrom_inference(
                 q, k, v, q_land, k_land, exists, key_padding_mask, self.pinv_iterations
             )
-        w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask)
+        w = self.landmark_values(q_land, k_land, exists, k, v, key_padding_mask, path)
         del q_land  # the last attention needs only k~ and W: at inference this frees m x d
         land_keep = None
         if exists is not None:
@@ -236,37 +283,6 @@ class NystromAttention(Core):
             # zero, so letting it attend to the empty landmarks gives the right zeros.
             land_keep = (exists | ~exists.any(dim=1, keepdim=True))[:, None, None, :]
         return F.scaled_dot_product_attention(q, k_land, w, attn_mask=land_keep)
-
-    def uses_fused_path(
-        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
-    ) -> bool:
-        """Whether training on CPU goes through ``nystrom_cpu``'s single autograd node."""
-        return (
-            self.fused_cpu_backward
-            and self.landmarks == "segment_means"
-            and key_padding_mask is None
-            and q.shape[2] % self.num_landmarks == 0
-            and fused_path_applies(q, k, v)
-        )
-
-    def uses_inference_op(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """Whether this call is ``nystrom_gpu``'s inference op: the GPU path, no gradient."""
-        return (
-            self.uses_triton(q, v)
-            and not backward_follows(q, k, v)
-            and nystrom_gpu.inference_applies(q)
-        )
-
-    def uses_triton(self, q: Tensor, v: Tensor) -> bool:
-        """Whether the landmark side runs as ``nystrom_gpu``'s one program per head: on a
-        GPU (or under Triton's interpreter), for the iterative pseudo-inverse from its
-        per-matrix start with a fixed number of steps, up to its tile's size."""
-        return (
-            self.pinv == "iterative"
-            and self.pinv_init == "per_matrix"
-            and self.pinv_tolerance is None
-            and nystrom_gpu.applies(q, v, self.num_landmarks)
-        )
 
     def landmark_inverse(self, q_land: Tensor, k_land: Tensor) -> Tensor:
         """pinv(A): (B, H, m, m) for landmarks (B, H, m, d) that all exist."""
@@ -280,8 +296,10 @@ class NystromAttention(Core):
         k: Tensor,
         v: Tensor,
         key_padding_mask: Tensor | None,
+        path: Path = Path.TORCH,
     ) -> Tensor:
-        """W = pinv(A) (Bk V): (B, H, m, d), the values the queries attend to over k~.
+        """W = pinv(A) (Bk V): (B, H, m, d), the values the queries attend to over k~, the
+        landmark side as one Triton program per head if ``path`` is TRITON.
 
         Its own function so that A, pinv(A) and Bk V are freed before the last attention runs:
         the forward's peak stays at the output plus O(m d).
@@ -290,9 +308,9 @@ class NystromAttention(Core):
         bv = F.scaled_dot_product_attention(q_land, k, v, attn_mask=token_keep)  # (B,H,m,d)
         if exists is not None:
             bv = bv * exists[:, None, :, None].to(bv.dtype)
-        if self.uses_triton(k, v):
+        if path is Path.TRITON:
             # fp32 inside whatever the dtypes (a custom op: autocast leaves it alone).
-            w = nystrom_gpu.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
+            w = landmark.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
             return w.to(v.dtype)
         a = self.landmark_kernel(q_land, k_land, exists)
         with torch.autocast(device_type=q_land.device.type, enabled=False):
@@ -311,12 +329,14 @@ class NystromAttention(Core):
         head. The pseudo-inverse inside keeps its own recomputation, so no layer's iterates
         are held at once even while its backward runs.
         """
+        path = Path.TRITON if self.triton_serves(q, v) else Path.TORCH
         return checkpoint(
             self.approximate_all,
             q,
             k,
             v,
             key_padding_mask,
+            path,
             use_reentrant=False,
             preserve_rng_state=False,
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,109 +13,24 @@ from torch import Tensor
 
 from nyscli.attention import routing
 from nyscli.attention.chunking import by_length, in_head_groups
-from nyscli.attention.core import Core, backward_follows, configure
+from nyscli.attention.core import Core, Path, backward_follows, configure
 from nyscli.attention.errors import not_causal
-from nyscli.attention.gpu import landmark as nystrom_gpu
+from nyscli.attention.gpu import hybrid, landmark
 from nyscli.attention.landmarks import LANDMARK_METHODS, nearest_centre, select_landmarks
 from nyscli.attention.longformer import Band
 from nyscli.attention.masking import EXP_FLOOR, check_qkv
+from nyscli.attention.nystrom_local_parts import (
+    CPU_CHUNK_ENTRIES,
+    BandWeights,
+    Parts,
+    chunk_sizes,
+    per_query,
+    to_bias,
+)
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
 from nyscli.rules import Bool, Choice, Int
-
-
-def per_query(x: Tensor, y: Tensor) -> Tensor:
-    """x: (B, H, nb, block, a) @ y: (B, H, a, c) -> (B, H, nb, block, c), as one product per
-    head: broadcasting y over the blocks would copy it once per block."""
-    b, h, nb, block, _ = x.shape
-    return (x.reshape(b, h, nb * block, -1) @ y).view(b, h, nb, block, -1)
-
-
-@dataclass
-class Parts:
-    """What every query chunk of one head group shares: Z = pinv(A') (B, H, m, m), B'
-    (B, H, m, n), B' 1 (B, H, m, 1), B' on the heavy keys (B, H, m, g); 1 for the heavy keys
-    that are real, else 0 (B, H, 1, 1, g), and the same as 0 / -inf to add to scores; keys
-    [heavy keys; k~] (B, H, g + m, d) and values [heavy values; B' V] (B, H, g + m, d_v); 1 for
-    the keys the band scores (real, not heavy), else 0 (B, H, n, 1); the band's shape (block,
-    span) as 1 / 0 and as 0 / -inf; the routed keys' part of every query (None without
-    routed keys)."""
-
-    z: Tensor
-    b_kernel: Tensor
-    b_mass: Tensor
-    heavy_b: Tensor
-    heavy_real: Tensor
-    heavy_bias: Tensor
-    small_k: Tensor
-    small_v: Tensor
-    band_keys: Tensor
-    shape: Tensor
-    shape_bias: Tensor
-    routed: routing.Routed | None = None
-
-
-def to_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
-    """0 where ``keep`` (bool), else -inf, in ``dtype``: masking scores by an add, ~30x faster
-    on a CPU than masked_fill with a broadcast mask."""
-    return torch.where(keep, 0.0, -math.inf).to(dtype)
-
-
-# Band entries (queries x span x heads) scored at a time on a CPU: 0.5 MB of fp32 per chunk,
-# so the band's temporaries stay a few MB at any n.
-CPU_CHUNK_ENTRIES = 2**17
-# A band of at most this many entries (4 MB of fp32; all heads) is scored in one go on a CPU.
-CPU_SMALL_BAND = 2**20
-# On a GPU every kernel launch costs microseconds whatever its size: with the CPU's sizes the
-# hybrid ran as thousands of small launches (23 ms at n = 1,024, 594 ms at 65,536 on an H200,
-# slower than exact SDPA; docs/results/gpu.md). There, chunks of 2^25 entries (128 MB fp32).
-ACCELERATOR_CHUNK_ENTRIES = 2**25
-
-
-def chunk_sizes(device: torch.device) -> tuple[int, int]:
-    """(band entries scored per chunk, the largest band scored in one go) on ``device``."""
-    if device.type == "cpu":
-        return CPU_CHUNK_ENTRIES, CPU_SMALL_BAND
-    return ACCELERATOR_CHUNK_ENTRIES, ACCELERATOR_CHUNK_ENTRIES
-
-
-class _BandWeights(torch.autograd.Function):
-    """The band's weights w = (exp(max(s - shift, EXP_FLOOR)) - K~) * shape * key_ok (B, H, c,
-    block, span), with a backward of three passes over the band: autograd's, through the ~8 kernels
-    of the same expression, took 6-10 ms of a training step at n = 512 and 12 heads, this one
-    2.5-4 (throw-away timing, 1 thread, loaded machine).
-
-    scores: the band's masked scores (-inf off the band); kernel: K~ on each block's span;
-    shift (no gradient: it cancels in the ratio); shape (block, span) and key_ok (B, H, c, 1,
-    span): 1 on the band's entries, else 0.
-    The floor is treated as the identity in the backward: it only moves weights below e^-80
-    of a query's largest, whose gradients are as small. Without a backward to follow
-    (``in_place``) scores and kernel are overwritten instead of new buffers made.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        scores: Tensor,
-        kernel: Tensor,
-        shift: Tensor,
-        shape: Tensor,
-        key_ok: Tensor,
-        in_place: bool,
-    ) -> Tensor:
-        if in_place:
-            e = scores.sub_(shift).clamp_min_(EXP_FLOOR).exp_()
-            return kernel.neg_().add_(e).mul_(shape).mul_(key_ok)
-        e = (scores - shift).clamp_min_(EXP_FLOOR).exp_()
-        ctx.save_for_backward(e, shape, key_ok)
-        return (e - kernel).mul_(shape).mul_(key_ok)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        e, shape, key_ok = ctx.saved_tensors
-        on_band = (grad * shape).mul_(key_ok)
-        return on_band * e, on_band.neg_(), None, None, None, None
 
 
 @register("nystrom_local")
@@ -267,25 +181,44 @@ class NystromLocalAttention(Core):
         limit = max(self.window, self.num_landmarks)
         return by_length(self._in_groups, self.exact, q, k, v, key_padding_mask, limit)
 
-    def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        band = Band.of(q.shape[2], self.window)
+    def path(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Path:
+        """The code that serves this call, first match wins: exact attention (at most
+        max(w, m) tokens); on a GPU at inference without routed keys, the hybrid kernel;
+        in training, head groups each with its whole band; short sequences, all at once
+        (torch); else chunks of query blocks."""
+        if q.shape[2] <= max(self.window, self.num_landmarks):
+            return Path.EXACT
+        if backward_follows(q, k, v):
+            return Path.HEAD_GROUPS
         if (
             self.far_field
             and not self.routed_keys  # the GPU program has no routed part
-            and not backward_follows(q, k, v)
-            and nystrom_gpu.hybrid_applies(q, v, self.num_landmarks, self.heavy_keys)
+            and hybrid.serves(q, v, self.num_landmarks, self.heavy_keys)
         ):
+            return Path.KERNEL
+        whole = self._band_entries(q)[1]
+        return Path.TORCH if whole <= chunk_sizes(q.device)[1] else Path.CHUNKS
+
+    def _band_entries(self, q: Tensor) -> tuple[int, int]:
+        """Band entries of one sequence's head, and of all of q's heads."""
+        band = Band.of(q.shape[2], self.window)
+        per_head = band.n_blocks * band.block * band.span
+        return per_head, q.shape[0] * q.shape[1] * per_head
+
+    def _in_groups(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        band = Band.of(q.shape[2], self.window)
+        path = self.path(q, k, v, mask)
+        if path is Path.KERNEL:
             # On a GPU, inference: the band, heavy keys and landmarks of a block of queries in
             # one program (no band-sized temporaries, no chunks). The shared parts stay in the
             # inputs' dtype (fp32 under autocast: in bf16 they alone made the output's error
             # ~10x larger); the band's products take autocast's.
             with torch.autocast(device_type=q.device.type, enabled=False):
                 parts = self.parts(q, k, v, mask, band, gpu=True)
-            return nystrom_gpu.hybrid_forward(q, k, v, parts, band.radius)
-        per_head = band.n_blocks * band.block * band.span  # band entries of one sequence's head
-        whole = q.shape[0] * q.shape[1] * per_head
+            return hybrid.hybrid_forward(q, k, v, parts, band.radius)
+        per_head, whole = self._band_entries(q)
         chunk_entries, small_band = chunk_sizes(q.device)
-        if backward_follows(q, k, v):
+        if path is Path.HEAD_GROUPS:
             # Chunks would save no memory (each chunk's saved tensors stay until the
             # backward), so each group of heads gets its whole band, groups of about
             # small_band entries: at the fine-tune's shape (B 16, H 12, n 512, d 32) training
@@ -293,7 +226,7 @@ class NystromLocalAttention(Core):
             # time, at a higher peak (631 against 507 MB above the inputs; throw-away timing).
             at_once = functools.partial(self.approximate, band=band, chunk_entries=whole)
             return in_head_groups(at_once, q, k, v, mask, per_head, budget=small_band)
-        if whole <= small_band:
+        if path is Path.TORCH:
             # Short sequences: every head and block at once, since at n = 512 the cost is
             # in the number of operations, not in their size.
             return self.approximate(q, k, v, mask, band, chunk_entries=whole)
@@ -330,7 +263,7 @@ class NystromLocalAttention(Core):
             a_kernel = a_kernel * rows * rows.transpose(-1, -2)
             b_kernel = b_kernel * rows
         if gpu:  # one program per matrix instead of ~60 launches
-            z = nystrom_gpu.iterative_pinv(a_kernel, self.pinv_iterations)
+            z = landmark.iterative_pinv(a_kernel, self.pinv_iterations)
             return q_land, k_land, z, b_kernel, exists
         with torch.autocast(device_type=q.device.type, enabled=False):
             z = iterative_pinv(a_kernel, self.pinv_iterations)
@@ -388,7 +321,7 @@ class NystromLocalAttention(Core):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, band: Band, gpu: bool = False
     ) -> Parts:
         """What every query block shares (``Parts``), O(n (m + g)) for q, k, v (B, H, n, d);
-        ``gpu``: the pseudo-inverse by ``nystrom_gpu`` (no autograd)."""
+        ``gpu``: the pseudo-inverse by ``gpu.landmark`` (no autograd)."""
         b, h, n, d = q.shape
         real = torch.ones(1, n, dtype=torch.bool, device=q.device) if mask is None else mask
         q_land, k_land, z, b_kernel, exists = self.landmark_side(q, k, mask, real, gpu)
@@ -509,7 +442,7 @@ class NystromLocalAttention(Core):
         scores, shift = band
         in_place = not backward_follows(scores, p, windows)
         kernel = p_gated @ windows  # K~ on each block's span
-        w_band = _BandWeights.apply(scores, kernel, shift, parts.shape, key_ok, in_place)
+        w_band = BandWeights.apply(scores, kernel, shift, parts.shape, key_ok, in_place)
         w_small = torch.cat([e_heavy - gate * k_heavy, p_gated], dim=-1)
         # >= the exact mass: the gated K~ adds only a positive remainder.
         den = w_band.sum(-1, keepdim=True) + w_small[..., : -p.shape[-1]].sum(-1, keepdim=True)

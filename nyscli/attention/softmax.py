@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nyscli.attention.chunking import DEFAULT_BUDGET
-from nyscli.attention.core import CausalOnlyCore, Core, configure
+from nyscli.attention.core import CausalOnlyCore, Core, Path, configure
 from nyscli.attention.dropout import LEVELS, draw_seed, drop_threshold, seeded_keep_mask
 from nyscli.attention.masking import check_qkv, masked_softmax
 from nyscli.attention.registry import register
@@ -148,6 +148,11 @@ class SoftmaxAttention(Core):
     def label(self) -> str:
         return "softmax (SDPA)" + (f"+drop{self.dropout:g}" if self.dropout else "")
 
+    def path(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Path:
+        """SDPA, but for training with dropout on a CPU (query blocks in torch)."""
+        dropped = self.dropout and self.training and q.device.type == "cpu"
+        return Path.TORCH if dropped else Path.SDPA
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
@@ -162,7 +167,7 @@ class SoftmaxAttention(Core):
             if empty.any():
                 keep = keep | empty[:, None, None, None]
         dropout = self.dropout if self.training else 0.0
-        if dropout and q.device.type == "cpu":
+        if self.path(q, k, v, key_padding_mask) is Path.TORCH:
             if keep is None and self.causal:
                 keep = keep_mask(None, q.shape[2], True, q.device)
             # Half precisions run it in fp32, as SDPA's CPU kernels accumulate.

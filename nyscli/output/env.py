@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nyscli.allocator import active
+from nyscli.attention.gpu import gates
 
 
 def cpu_model() -> str:
@@ -71,6 +72,8 @@ def collect_env(
         "git_commit": git_commit(),
         # tcmalloc or glibc's malloc moves CPU training speed and peak memory (allocator.py).
         "allocator": allocator or active(),
+        # which attention paths may run (NYS_GPU_CHECKED, NYS_HYBRID_LAUNCH, the interpreter)
+        "gates": gates.current().record(),
     }
     if torch.cuda.is_available():
         info["gpu_model"] = torch.cuda.get_device_name(0)

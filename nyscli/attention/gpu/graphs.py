@@ -1,8 +1,7 @@
 """CUDA graphs of a core's inference call, replayed when the same inputs come back.
 
-Below n ~ 16K a Nyström forward on a GPU is bound by its launches, not its work: eight
-kernels of ~5-20 us each on the GPU, behind ~0.3 ms of Python and launch calls on the CPU
-(H200, docs/results/gpu-notes.md). A CUDA graph replays the whole call in one launch.
+Below n ~ 16K a Nyström forward on a GPU is bound by its launches and their Python, not its
+work (docs/results/gpu-notes.md, "graphs"). A CUDA graph replays the whole call in one launch.
 
 A graph reads its inputs from the addresses it was captured with, so a cached graph is keyed
 by where q, k and v live (pointer, shape, strides, dtype) and by the autocast state: a call
@@ -25,10 +24,34 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nyscli.attention.gpu import gates
+
+GATE = "graph"
+# Calls of at most this many (sequence, head, token) rows are replayed: below it a call's
+# launches outlast its work, and each kept graph's output buffer stays small
+# (docs/results/gpu-notes.md, "graphs").
+GRAPH_MAX_ROWS = 12 * 16384
+
 # Captures per core without a replay in between, after which it stops capturing: inputs that
 # never come back at the same addresses (a new allocation each call) would otherwise pay a
 # capture (~ms) per call.
 MAX_MISSES = 8
+
+
+def serves(q: Tensor, key_padding_mask: Tensor | None) -> bool:
+    """Whether an inference call on q: (B, H, n, d) that the inference op serves is replayed
+    from a graph: launch-bound, no padding mask (whose lengths the core reads on the host),
+    outside torch.compile (which makes its own) and outside the caller's own capture."""
+    b, h, n = q.shape[:3]
+    g = gates.current()
+    return (
+        (GATE in g.checked and q.is_cuda or g.graphs_on_cpu)
+        and key_padding_mask is None
+        and b * h * n <= GRAPH_MAX_ROWS
+        and not torch.compiler.is_compiling()
+        # inside a capture of the caller's own (a graph cannot capture another)
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
 
 
 def _new_graph() -> Any:

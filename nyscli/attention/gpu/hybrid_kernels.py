@@ -1,57 +1,28 @@
 """Triton kernel of the Nyström-local hybrid's forward: one program per block of queries.
 
-Imported by ``nystrom_gpu`` when it first runs. Each program scores its queries' band
-|i - j| <= R exactly, tile by tile of keys, the heavy keys and the landmarks, and joins them
-with Nyström's estimate of the rest under one normaliser, as ``NystromLocalAttention.chunk``
-and ``_weights`` do; nothing of size n x (band) ever reaches memory. Shapes (contiguous,
-B*H heads first): q, k, v, out (BH, n, D); band_keys (BH, n): 1 where the band may score a
-key (real, not heavy); B' (BH, M, n); Z (BH, M, M); small keys / values (BH, G + M, D) (heavy
-keys first, then k~ / B' V); heavy B' (BH, M, G); heavy_real (BH, G); B' 1 (BH, M).
+Imported by ``ops.kernel`` when it first runs (``hybrid.py`` launches it). Each program
+scores its queries' band |i - j| <= R exactly, tile by tile of keys, the heavy keys and the
+landmarks, and joins them with Nyström's estimate of the rest under one normaliser, as
+``NystromLocalAttention.chunk`` and ``_weights`` do; nothing of size n x (band) ever reaches
+memory. Shapes (contiguous, B*H heads first): q, k, v, out (BH, n, D); band_keys (BH, n): 1
+where the band may score a key (real, not heavy); B' (BH, M, n); Z (BH, M, M); small keys /
+values (BH, G + M, D) (heavy keys first, then k~ / B' V); heavy B' (BH, M, G); heavy_real
+(BH, G); B' 1 (BH, M).
 
 Tiles are read in whatever dtype the tensors have; the products of q, k, v and the weights
-run with operands in OP (bf16/fp16 under autocast: the tensor cores, float32 sums) or, for
-float32/float64 work, in DT exactly. Everything else is DT.
+run with operands rounded to OP (bf16/fp16 under autocast: the tensor cores, float32 sums when
+NATIVE) or, for float32/float64 work, in DT; float32 products as ``helpers.product``'s "split".
+Everything else is DT.
 """
 
 import triton
 import triton.language as tl
 
 from nyscli.attention import masking
-from nyscli.attention.gpu.landmark_kernels import rounded
+from nyscli.attention.gpu.helpers import product, rounded
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).
 EXP_FLOOR = tl.constexpr(masking.EXP_FLOOR)
-
-
-@triton.jit
-def split_dot(a, b):
-    """a @ b: float64 exactly; float32 to about its own accuracy as three tf32 products,
-    a_hi b_hi + a_hi b_lo + a_lo b_hi, with x_hi = x's top 10 mantissa bits and x_lo = x - x_hi
-    (exact). Split here, not by ``input_precision="tf32x3"``: that one read shared memory out of
-    bounds in this kernel (H200, Triton 3.6, compute-sanitizer)."""
-    if a.dtype == tl.float64:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        a_hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-        b_hi = (b.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-        out = tl.dot(a_hi, b - b_hi, input_precision="tf32")
-        out += tl.dot(a - a_hi, b_hi, input_precision="tf32")
-        out += tl.dot(a_hi, b_hi, input_precision="tf32")
-    return out
-
-
-@triton.jit
-def mm(a, b, OP: tl.constexpr, DT: tl.constexpr, NATIVE: tl.constexpr):
-    """a @ b in DT, the operands rounded to OP first: half-precision operands go to the
-    tensor cores (float32 sums)."""
-    if OP == DT:
-        out = split_dot(a.to(DT), b.to(DT))
-    elif NATIVE:
-        out = tl.dot(a.to(OP), b.to(OP)).to(DT)
-    else:
-        out = split_dot(rounded(a, OP, NATIVE), rounded(b, OP, NATIVE))
-        out = out.to(DT)
-    return out
 
 
 @triton.jit
@@ -82,7 +53,7 @@ def band_scores(
         other=0.0,
     )
     ok = tl.load(keys_ptr + head * n + cols, mask=inside, other=0.0) > 0
-    s = mm(q, tl.trans(k), OP, DT, NATIVE)
+    s = product(rounded(q, OP, NATIVE), rounded(tl.trans(k), OP, NATIVE), "split", NATIVE).to(DT)
     near = tl.abs(rows[:, None] - cols[None, :]) <= R
     keep = near & (ok & inside)[None, :] & (rows < n)[:, None]
     return tl.where(keep, s, float("-inf")), keep, cols, inside
@@ -147,8 +118,16 @@ def hybrid_forward(
         mask=(lm[:, None] < M) & (dims[None, :] < D),
         other=0.0,
     )
-    sh = tl.where((heavy_real > 0)[None, :], mm(q, tl.trans(hk), OP, DT, NATIVE), float("-inf"))
-    sl = tl.where((lm < M)[None, :], mm(q, tl.trans(lk), OP, DT, NATIVE), float("-inf"))
+    sh = tl.where(
+        (heavy_real > 0)[None, :],
+        product(rounded(q, OP, NATIVE), rounded(tl.trans(hk), OP, NATIVE), "split", NATIVE).to(DT),
+        float("-inf"),
+    )
+    sl = tl.where(
+        (lm < M)[None, :],
+        product(rounded(q, OP, NATIVE), rounded(tl.trans(lk), OP, NATIVE), "split", NATIVE).to(DT),
+        float("-inf"),
+    )
     # One shift per query for every part: the largest score, the band's from a first pass.
     top = tl.maximum(tl.max(sh, axis=1), tl.max(sl, axis=1))
     for j0 in range(q0 - R, q0 + BQ + R, BK):
@@ -164,13 +143,13 @@ def hybrid_forward(
         mask=(lm[:, None] < M) & (lm[None, :] < M),
         other=0.0,
     ).to(DT)
-    p = split_dot(f, z)  # (BQ, BM)
+    p = product(f, z, "split", False)  # (BQ, BM)
     hb = tl.load(
         hb_ptr + head * M * G + lm[:, None] * G + hv[None, :],
         mask=(lm[:, None] < M) & (hv[None, :] < G),
         other=0.0,
     ).to(DT)
-    k_heavy = split_dot(p, hb) * heavy_real[None, :]
+    k_heavy = product(p, hb, "split", False) * heavy_real[None, :]
     mass = tl.load(mass_ptr + head * M + lm, mask=lm < M, other=0.0).to(DT)
     lr_mass = tl.sum(p * mass[None, :], axis=1)
     # Second pass over the band: exact kernel and Nyström's estimate there, kept apart until
@@ -189,14 +168,14 @@ def hybrid_forward(
             mask=(lm[:, None] < M) & inside[None, :],
             other=0.0,
         ).to(DT)
-        kt = tl.where(keep, split_dot(p, bt), 0.0)
+        kt = tl.where(keep, product(p, bt, "split", False), 0.0)
         v = tl.load(
             v_ptr + head * n * D + cols[:, None] * D + dims[None, :],
             mask=inside[:, None] & (dims[None, :] < D),
             other=0.0,
         )
-        acc_e += mm(e, v, OP, DT, NATIVE)
-        acc_k += mm(kt, v, OP, DT, NATIVE)
+        acc_e += product(rounded(e, OP, NATIVE), rounded(v, OP, NATIVE), "split", NATIVE).to(DT)
+        acc_k += product(rounded(kt, OP, NATIVE), rounded(v, OP, NATIVE), "split", NATIVE).to(DT)
         den_e += tl.sum(e, axis=1)
         den_k += tl.sum(kt, axis=1)
     # A query whose estimate of the mass outside its exact support is not positive keeps the
@@ -215,8 +194,8 @@ def hybrid_forward(
         other=0.0,
     ).to(DT)
     num = acc_e - gate[:, None] * acc_k
-    num += split_dot(w_heavy, hvals)
-    num += split_dot(p * gate[:, None], lvals)
+    num += product(w_heavy, hvals, "split", False)
+    num += product(p * gate[:, None], lvals, "split", False)
     den = den_e - gate * den_k + tl.sum(w_heavy, axis=1) + gate * lr_mass
     out = num / tl.maximum(den, tiny)[:, None]
     tl.store(

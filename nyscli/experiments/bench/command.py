@@ -217,6 +217,7 @@ def record(
         "noisy": None,
         "peak_mb": None,
         "cuda_graph": None,
+        "path": None,
         "error": None,
         **result,
     }

@@ -119,7 +119,8 @@ class Point:
     worker: PointWorker | None = None
     result: dict[str, Any] = field(default_factory=dict)  # set when the point failed
     peak_mb: float = 0.0
-    cuda_graph: bool = False  # its core replayed a CUDA graph (attention/graphs.py)
+    cuda_graph: bool = False  # its core replayed a CUDA graph (attention/gpu/graphs.py)
+    path: str = ""  # the code its core took (``Core.path``)
     needed: int = 1
     times: list[float] = field(default_factory=list)
 
@@ -175,6 +176,7 @@ def measure_interleaved(
                 continue
             point.peak_mb = ready["peak_mb"]
             point.cuda_graph = bool(ready.get("cuda_graph", False))
+            point.path = ready.get("path", "")
             spec = point.spec
             budget = int(spec["time_budget_s"] * 1000.0 / max(ready["first_ms"], 1e-3))
             point.needed = max(spec["min_repeats"], min(spec["repeats"], budget))
@@ -201,6 +203,7 @@ def measure_interleaved(
                 **summarize(point.times),
                 "peak_mb": point.peak_mb,
                 "cuda_graph": point.cuda_graph,
+                "path": point.path,
                 "spread": spread,
                 "remeasured": id(point) in retried,
                 "noisy": spread > noise_threshold,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from nyscli.attention import MultiHeadAttention, build_attention
+from nyscli.attention.core import Core
 from nyscli.attention.gpu.graphs import Graphs
 from nyscli.experiments.bench.memory import warm_peak_mb
 from nyscli.experiments.bench.timing import time_call_ms
@@ -77,6 +78,24 @@ def replays_graphs(model: torch.nn.Module) -> bool:
     return any(isinstance(graphs, Graphs) and bool(graphs.graphs) for graphs in found)
 
 
+@contextlib.contextmanager
+def recorded_path(model: torch.nn.Module, taken: list[str]):
+    """While open, each call of model's core appends the path it takes (``Core.path``, asked
+    with the call's own inputs, so in its grad mode and autocast) to ``taken``."""
+    core = model.core if isinstance(model, MultiHeadAttention) else model
+    if not isinstance(core, Core):  # the projections' stand-in: no core
+        yield
+        return
+    hook = core.register_forward_pre_hook(
+        lambda module, args, kwargs: taken.append(str(module.path(*args, **kwargs))),
+        with_kwargs=True,
+    )
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def timed_call(
     model: Callable[..., torch.Tensor],
     inputs: list[torch.Tensor],
@@ -114,15 +133,18 @@ def timed_call(
 
 def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, dict[str, Any]]:
     """Build the call, warm up, measure its memory, then time one call (which sizes the
-    repeats): (call, device, {"peak_mb", "first_ms", "cuda_graph"})."""
+    repeats): (call, device, {"peak_mb", "first_ms", "cuda_graph", "path"})."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
-    memory = warm_peak_mb(call, device, max(1, spec["warmup"]))
+    taken: list[str] = []
+    with recorded_path(call.model, taken):  # type: ignore[attr-defined]
+        memory = warm_peak_mb(call, device, max(1, spec["warmup"]))
     first = time_call_ms(call, device)
     graphed = replays_graphs(call.model)  # type: ignore[attr-defined]
-    return call, device, {"peak_mb": memory, "first_ms": first, "cuda_graph": graphed}
+    ready = {"peak_mb": memory, "first_ms": first, "cuda_graph": graphed}
+    return call, device, {**ready, "path": taken[-1] if taken else ""}
 
 
 def summarize(times: list[float]) -> dict[str, Any]:
