@@ -41,7 +41,11 @@ def hybrid_launch(text: str) -> dict[str, int]:
     settings = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
-        if key not in HYBRID_LAUNCH_DEFAULT or not value.isdigit() or int(value) < 1:
+        if (
+            key not in HYBRID_LAUNCH_DEFAULT
+            or not (value.isascii() and value.isdigit())
+            or int(value) < 1
+        ):
             raise UserInputError(
                 f"{HYBRID_LAUNCH_ENV}: {item!r} is not one of "
                 f"{', '.join(HYBRID_LAUNCH_DEFAULT)}=<whole number >= 1>"

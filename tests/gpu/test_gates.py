@@ -28,7 +28,9 @@ def test_gpu_switches_read_known_names_and_whole_numbers() -> None:
         "min_tile": 64,
         "num_stages": 1,
     }
-    for bad in ("min_tile=0", "num_stages=two", "stages=1", "num_warps", "min_tile=-4"):
+    # "²" and "٣" are digits to str.isdigit, not to int(): a traceback at start-up before
+    bad_values = ("min_tile=0", "num_stages=two", "stages=1", "num_warps", "min_tile=-4")
+    for bad in (*bad_values, "min_tile=²", "num_warps=٣"):
         with pytest.raises(UserInputError, match="NYS_HYBRID_LAUNCH: '.*' is not one of"):
             read(bad)
     assert gpu_env.checked(" graph,hybrid-16-bit,") == {"graph", "hybrid-16-bit"}
@@ -37,7 +39,12 @@ def test_gpu_switches_read_known_names_and_whole_numbers() -> None:
 
 
 @pytest.mark.parametrize(
-    "variable, value", [("NYS_HYBRID_LAUNCH", "min_tile=zero"), ("NYS_GPU_CHECKED", "grpah")]
+    "variable, value",
+    [
+        ("NYS_HYBRID_LAUNCH", "min_tile=zero"),
+        ("NYS_HYBRID_LAUNCH", "min_tile=²"),
+        ("NYS_GPU_CHECKED", "grpah"),
+    ],
 )
 def test_nys_refuses_a_bad_gpu_switch_in_one_line(tmp_path, variable, value) -> None:
     import os

@@ -150,3 +150,22 @@ def test_the_inference_op_rounds_every_tile_to_the_half_dtype_of_its_work() -> N
     assert dtypes.rounding(torch.float16) == tl.float16
     assert dtypes.rounding(torch.float32) == tl.float32  # float32 tiles kept as they are
     assert dtypes.rounding(torch.float64) == tl.float32  # (rounded() passes them through)
+
+
+def test_inference_op_equals_its_torch_reference_in_float64(interpret) -> None:
+    # Padded keys, landmarks that may not exist (k-means of the real tokens), one sequence
+    # with fewer real tokens than landmarks (its empty landmarks drop out), Bk V in splits.
+    from nyscli.attention.gpu import reference
+    from nyscli.attention.landmarks import select_landmarks
+
+    q, k, v = qkv(3, 2, 200, 24, seed=9)
+    mask = torch.ones(3, 200, dtype=torch.bool, device=DEVICE)
+    mask[1, 120:] = False
+    mask[2, 20:] = False
+    q_land, k_land, exists = select_landmarks(q, k, 32, mask, "kmeans", 3, 0)
+    assert exists is not None and not exists[2].all()
+    with torch.no_grad():
+        got = inference.nystrom_inference(q, k, v, q_land, k_land, exists, mask, 6)
+    want = reference.nystrom_inference(q, k, v, (q_land, k_land, exists), mask, 6)
+    real = mask[:, None, :, None].expand_as(want)
+    assert relative(got[real], want[real]) < 1e-12
