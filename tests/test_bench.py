@@ -221,12 +221,17 @@ def test_a_noisy_point_is_timed_again_and_marked_if_it_stays_noisy():
     log = []
     burst = [10.0, 10.0, 10.0, 40.0, 40.0, 10.0, 40.0, 10.0]  # IQR/median 3 on the first pass
     times = {"calm": burst + [10.0] * 8, "stormy": burst * 2}
+    counted = []
     calm, stormy = measure_interleaved(
         fake_specs("calm", "stormy"),
         60,
         0.2,
+        on_round=lambda r, total: counted.append((r, total)),
         start=lambda spec, timeout: FakeWorker(spec, timeout, log, times),
     )
+    # The progress count never runs back: the retry's rounds follow the first pass's.
+    assert [r for r, _ in counted] == list(range(1, len(counted) + 1))
+    assert counted[0][1] < counted[-1][1] == counted[-1][0]
     assert calm["remeasured"] and not calm["noisy"] and calm["time_ms"] == 10.0
     assert stormy["remeasured"] and stormy["noisy"] and stormy["spread"] > 0.2
     assert log[16:18] == ["calm", "stormy"]  # the retry is interleaved too

@@ -180,12 +180,14 @@ def measure_interleaved(
             spec = point.spec
             budget = int(spec["time_budget_s"] * 1000.0 / max(ready["first_ms"], 1e-3))
             point.needed = max(spec["min_repeats"], min(spec["repeats"], budget))
+        first = max((p.needed for p in points), default=0)
         _round_robin(points, on_round)
         noisy = [p for p in points if p.worker is not None and p.spread() > noise_threshold]
         retried = {id(p) for p in noisy}
         for point in noisy:  # measure again; the first samples were taken under a burst
             point.times = []
-        _round_robin(noisy, on_round)
+        # the count goes on from the first pass's rounds, to a total that grows by the second's
+        _round_robin(noisy, lambda r, total: on_round(first + r, first + total))
     finally:
         stopping = sys.exc_info()[1] is not None  # e.g. Ctrl-C or SIGTERM: no waiting
         for point in points:
