@@ -2,7 +2,7 @@
 """Compile every Triton kernel of the attention core for a GPU, without one: errors, registers,
 stack (spills) and shared memory per kernel, from Triton's own compiler and ptxas.
 
-    scripts/compile_check.py [--arch 90] [--quick]
+    scripts/compile_check.py [--arch 90] [--quick] [--ptx DIR]
 
 Triton's interpreter (what the tests run on a CPU) executes a kernel's Python; it does not
 compile it, so a kernel can pass every interpreter test and still fail to compile or spill
@@ -10,7 +10,9 @@ kilobytes per thread on the GPU (docs/results/gpu-notes.md). This compiles each 
 shapes the core launches (each op's examples in ``nyscli/attention/gpu/``: m = 64, d = 64,
 bf16 tiles; the hybrid at budget 128) for sm_<arch> with its launch options and prints one
 row per kernel. Exit 1 when any kernel fails to compile. ``--quick``: not the landmark
-backward (about a minute of ptxas). Needs triton (``scripts/setup --dev``); run it
+backward (about a minute of ptxas). ``--ptx DIR``: each kernel's PTX, debug information left
+out, as DIR/<row>.ptx, to compare two commits (``diff -r``): a refactor that leaves every
+file the same changed nothing the GPU runs. Needs triton (``scripts/setup --dev``); run it
 without ``TRITON_INTERPRET`` (the tests start it in a process of its own).
 """
 
@@ -64,10 +66,24 @@ def usage(cubin: bytes) -> dict[str, int]:
     return {"registers": int(found[1]), "stack": int(found[2])} if found else {}
 
 
+def write_ptx(folder: Path, name: str, ptx: str) -> None:
+    """The kernel's PTX without its debug sections and comments (file paths, line numbers)."""
+    code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
+    debug = ("//", ".loc", ".file", "$L__tmp", "$L__func_")
+    lines = [
+        line for line in code.splitlines() if line.strip() and not line.lstrip().startswith(debug)
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / (re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-") + ".ptx")).write_text(
+        "\n".join(lines) + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100)")
     parser.add_argument("--quick", action="store_true", help="not the landmark backward")
+    parser.add_argument("--ptx", type=Path, help="write each kernel's PTX into this folder")
     opts = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("compile_check: TRITON_INTERPRET=1 runs kernels, it does not compile them: unset it")
@@ -92,6 +108,8 @@ def main() -> None:
             first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
             print(f"{name:<36} {warps:>5} FAILED: {type(error).__name__}: {first[:200]}")
             continue
+        if opts.ptx:
+            write_ptx(opts.ptx, name, compiled.asm["ptx"])
         found = usage(compiled.asm["cubin"])
         print(
             f"{name:<36} {warps:>5} {found.get('registers', '?'):>9} "

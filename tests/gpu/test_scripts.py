@@ -108,7 +108,7 @@ def test_the_hybrid_setting_chosen_has_the_most_widths_then_the_least_time(monke
     assert gpu_profile.kernel_serves("hybrid-torch", torch.float32)
 
 
-def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
+def test_every_kernel_compiles_for_sm90_without_spilling_much(tmp_path) -> None:
     # The interpreter runs a kernel's Python but never compiles it: the compiler refused a
     # global the interpreter had read, and float32 FMA products spilled 13 KB per thread.
     import os
@@ -120,7 +120,8 @@ def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
     script = Path(__file__).resolve().parents[2] / "scripts" / "compile_check.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, str(script), "--quick"], capture_output=True, text=True, env=env,
+        [sys.executable, str(script), "--quick", "--ptx", str(tmp_path)], capture_output=True,
+        text=True, env=env,
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -131,3 +132,9 @@ def test_every_kernel_compiles_for_sm90_without_spilling_much() -> None:
         # warps, 1 stage: the H200's fastest setting, lease 7) keeps 1.3 KB (Triton 3.9).
         stack = 2048 if row[0] == "hybrid" else 1024
         assert int(row[-4]) <= 255 and int(row[-3]) <= stack, row
+    # each kernel's PTX, to compare commits by: code only, no file paths or line numbers
+    ptx = sorted(tmp_path.glob("*.ptx"))
+    assert len(ptx) == 8 and (tmp_path / "landmark-forward.ptx").exists()
+    for path in ptx:
+        text = path.read_text()
+        assert ".entry" in text and ".loc" not in text and str(script.parent) not in text
