@@ -361,3 +361,19 @@ def test_each_row_names_the_path_its_core_took(attention, scope, mode, path):
     env = collect_env("cpu")
     assert env["gates"]["checked"] == ["graph", "hybrid-16-bit", "hybrid-32-bit", "inference"]
     assert set(env["gates"]) == {"checked", "hybrid_launch", "products", "triton", "interpreting"}
+
+
+@pytest.mark.parametrize(
+    ("scope", "dtype", "handed"),
+    [
+        ("core", "bf16", "bfloat16"),  # q, k, v in the compute dtype, as projections hand them
+        ("core", "fp32", "float32"),
+        ("module", "bf16", "bfloat16"),  # the projections under autocast make bf16
+    ],
+)
+def test_the_core_is_handed_q_k_v_in_the_compute_dtype(scope, dtype, handed):
+    spec = {**SPEC, "attention": {"name": "softmax"}, "scope": scope, "dtype": dtype}
+    _, _, ready = bench_worker.prepare({**spec, "seq_len": 32, "warmup": 1})
+    assert ready["input_dtype"] == handed and ready["path"] == "sdpa"
+    (row,) = measure_interleaved([{**spec, "seq_len": 32, "time_budget_s": 0.2}], 120, 9.0)
+    assert row["status"] == "ok" and row["input_dtype"] == handed

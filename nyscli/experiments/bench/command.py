@@ -218,6 +218,7 @@ def record(
         "peak_mb": None,
         "cuda_graph": None,
         "path": None,
+        "input_dtype": None,
         "error": None,
         **result,
     }

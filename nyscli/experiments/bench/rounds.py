@@ -121,6 +121,7 @@ class Point:
     peak_mb: float = 0.0
     cuda_graph: bool = False  # its core replayed a CUDA graph (attention/gpu/graphs.py)
     path: str = ""  # the code its core took (``Core.path``)
+    input_dtype: str = ""  # the dtype of the q its core was handed
     needed: int = 1
     times: list[float] = field(default_factory=list)
 
@@ -177,6 +178,7 @@ def measure_interleaved(
             point.peak_mb = ready["peak_mb"]
             point.cuda_graph = bool(ready.get("cuda_graph", False))
             point.path = ready.get("path", "")
+            point.input_dtype = ready.get("input_dtype", "")
             spec = point.spec
             budget = int(spec["time_budget_s"] * 1000.0 / max(ready["first_ms"], 1e-3))
             point.needed = max(spec["min_repeats"], min(spec["repeats"], budget))
@@ -206,6 +208,7 @@ def measure_interleaved(
                 "peak_mb": point.peak_mb,
                 "cuda_graph": point.cuda_graph,
                 "path": point.path,
+                "input_dtype": point.input_dtype,
                 "spread": spread,
                 "remeasured": id(point) in retried,
                 "noisy": spread > noise_threshold,

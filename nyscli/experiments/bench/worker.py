@@ -50,7 +50,9 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
     scope "module": x (B, n, hidden) through MultiHeadAttention (projections included).
     scope "projections": the same module with the core replaced by ``ValuesOnly``: what the
     module costs around its core (projections, head split/merge, conv skip), its floor.
-    scope "core": q, k, v (B, H, n, hidden/H) through the attention core only.
+    scope "core": q, k, v (B, H, n, hidden/H) through the attention core only, in the
+    compute dtype (bf16/fp16 tensors under autocast, as a model's projections hand them
+    over: float32 ones would make every call cast them first, which SDPA's does).
     """
     torch.manual_seed(spec["seed"])
     b, n, hidden, heads = spec["batch_size"], spec["seq_len"], spec["hidden"], spec["num_heads"]
@@ -64,7 +66,9 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
     else:
         model = build_attention(spec["attention"]).to(device)
         shape = (b, heads, n, hidden // heads)
-        inputs = [torch.randn(shape, device=device, requires_grad=train) for _ in range(3)]
+        inputs = [
+            torch.randn(shape, device=device, dtype=dtype, requires_grad=train) for _ in range(3)
+        ]
     model.train(train)
     call = timed_call(model, inputs, train, dtype, device, list(model.parameters()))
     call.model = model  # type: ignore[attr-defined]  # for replays_graphs
@@ -79,15 +83,18 @@ def replays_graphs(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def recorded_path(model: torch.nn.Module, taken: list[str]):
-    """While open, each call of model's core appends the path it takes (``Core.path``, asked
-    with the call's own inputs, so in its grad mode and autocast) to ``taken``."""
+def recorded_path(model: torch.nn.Module, taken: list[tuple[str, str]]):
+    """While open, each call of model's core appends (the path it takes, the dtype of the q it
+    is handed) to ``taken``: ``Core.path`` asked with the call's own inputs, so in its grad
+    mode and autocast."""
     core = model.core if isinstance(model, MultiHeadAttention) else model
     if not isinstance(core, Core):  # the projections' stand-in: no core
         yield
         return
     hook = core.register_forward_pre_hook(
-        lambda module, args, kwargs: taken.append(str(module.path(*args, **kwargs))),
+        lambda module, args, kwargs: taken.append(
+            (str(module.path(*args, **kwargs)), str(args[0].dtype).removeprefix("torch."))
+        ),
         with_kwargs=True,
     )
     try:
@@ -133,18 +140,19 @@ def timed_call(
 
 def prepare(spec: dict[str, Any]) -> tuple[Callable[[], object], torch.device, dict[str, Any]]:
     """Build the call, warm up, measure its memory, then time one call (which sizes the
-    repeats): (call, device, {"peak_mb", "first_ms", "cuda_graph", "path"})."""
+    repeats): (call, device, {"peak_mb", "first_ms", "cuda_graph", "path", "input_dtype"})."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     call = build_call(spec, device)
-    taken: list[str] = []
+    taken: list[tuple[str, str]] = []
     with recorded_path(call.model, taken):  # type: ignore[attr-defined]
         memory = warm_peak_mb(call, device, max(1, spec["warmup"]))
     first = time_call_ms(call, device)
     graphed = replays_graphs(call.model)  # type: ignore[attr-defined]
     ready = {"peak_mb": memory, "first_ms": first, "cuda_graph": graphed}
-    return call, device, {**ready, "path": taken[-1] if taken else ""}
+    path, input_dtype = taken[-1] if taken else ("", "")
+    return call, device, {**ready, "path": path, "input_dtype": input_dtype}
 
 
 def summarize(times: list[float]) -> dict[str, Any]:
