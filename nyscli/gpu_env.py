@@ -19,7 +19,7 @@ from nyscli.errors import UserInputError
 CHECKED_ENV = "NYS_GPU_CHECKED"
 HYBRID_LAUNCH_ENV = "NYS_HYBRID_LAUNCH"
 # "hybrid" names both widths of the hybrid's kernel.
-CHECKABLE = ("hybrid", "hybrid-16-bit", "hybrid-32-bit", "inference", "graph")
+CHECKABLE = ("hybrid", "hybrid-16-bit", "hybrid-32-bit", "inference", "graph", "graph-train")
 # Landmark and heavy-key tiles padded to at least min_tile, warps, the band loops' stages:
 # what passed against float64 in both widths and ran fastest on a GPU
 # (docs/results/gpu-notes.md, "hybrid launch").

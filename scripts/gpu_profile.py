@@ -63,6 +63,7 @@ ROWS = (
     "nystrom-triton",
     "nystrom-fused",
     "nystrom-graphed",
+    "nystrom-graphed-train",  # training's forward and backward graphed (gate "graph-train")
     "nystrom-triton-graph",
     "hybrid-torch",
     "hybrid-triton",
@@ -149,7 +150,8 @@ def run(args: argparse.Namespace, torch, gated: contextlib.ExitStack) -> None:
         if row.startswith("hybrid") and args.no_hybrid:
             continue
         text = profile(torch, device, row, mode, 128 if args.toy else n, autocast)
-        name = f"{row.removeprefix('nystrom-')}-{mode}{'-autocast' * autocast}"
+        at = "" if n == PROFILE_LEN or autocast else f"-{n}"  # beside the PROFILE_LEN one
+        name = f"{row.removeprefix('nystrom-')}-{mode}{at}{'-autocast' * autocast}"
         (out / f"profile-{name}.txt").write_text(text)
     print(summary(rows))
 
@@ -311,8 +313,10 @@ def core(torch, path: str) -> Gated:
     checked |= {f"hybrid-{w}" for w in HYBRID_WIDTHS if path == "hybrid-triton"}
     checked |= {"inference"} if path in ("nystrom-fused", "nystrom-graphed") else set()
     checked |= {"graph"} if path == "nystrom-graphed" else set()
+    checked |= {"graph-train"} if path == "nystrom-graphed-train" else set()
     switches = {
-        "triton": path.endswith(("-triton", "-fused", "-graphed")) and _triton_found(),
+        "triton": path.endswith(("-triton", "-fused", "-graphed", "-graphed-train"))
+        and _triton_found(),
         "checked": checked,
     }
     if path.startswith("hybrid"):  # budget 128: w 65, m 16, g 32
@@ -341,17 +345,21 @@ def equality(torch, device, n: int) -> list[dict]:
 
     def run(path: str, dtype) -> list:
         attention = core(torch, path)
-        q, k, v = (x.detach().to(dtype).requires_grad_() for x in exact_inputs)
-        out = attention(q, k, v)
-        grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
+        for _ in range(3 if path == "nystrom-graphed-train" else 1):  # seen, captured, replayed
+            q, k, v = (x.detach().to(dtype).requires_grad_() for x in exact_inputs)
+            out = attention(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
         return [out, *grads]
 
     exact_inputs = inputs(torch, device, n, torch.float64, grad=False, seed=1)
     upstream = inputs(torch, device, n, torch.float64, grad=False, seed=2)[0]
     reference = run("nystrom-torch", torch.float64)
     rows = []
+    trained = ["nystrom-torch", "nystrom-triton"]
+    if device.type == "cuda" and "nystrom-graphed-train" in ROWS:
+        trained.append("nystrom-graphed-train")
     for dtype in (torch.float32, torch.bfloat16):
-        for path in ("nystrom-torch", "nystrom-triton"):
+        for path in trained:
             names = ("out", "grad_q", "grad_k", "grad_v")
             for name, got, want in zip(names, run(path, dtype), reference, strict=True):
                 error = ((got.double() - want).norm() / want.norm()).item()
@@ -446,7 +454,10 @@ def timer(torch, device) -> tuple[Callable, Callable]:
 
 def build(torch, device, row: str, n: int, dtype, train: bool) -> Callable[[], object] | None:
     """The timed call of one cell (None: the row has no such cell)."""
-    if "graph" in row and (train or device.type != "cuda"):
+    if row == "nystrom-graphed-train":
+        if not train or device.type != "cuda":  # a CPU has no graphs
+            return None
+    elif "graph" in row and (train or device.type != "cuda"):
         return None
     if (row.startswith("hybrid") or row in ("nystrom-fused", "nystrom-graphed")) and train:
         return None  # their kernels serve inference only
@@ -628,6 +639,9 @@ PROFILES = [
     ("nystrom-fused", "forward", PROFILE_LEN, False),
     ("nystrom-fused", "forward", 65536, True),
     ("hybrid-triton", "forward", PROFILE_LEN, False),
+    # one forward + backward at 4,096, eager and graphed (issue 60's before and after)
+    ("nystrom-triton", "train", 4096, False),
+    ("nystrom-graphed-train", "train", 4096, False),
 ]  # fmt: skip
 
 

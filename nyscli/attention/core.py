@@ -41,6 +41,7 @@ class Path(str, Enum):
     TRITON = "triton"  # Nyström's landmark side as one Triton program per head, rest SDPA
     INFERENCE = "inference-op"  # Nyström at inference in four Triton kernels, no SDPA
     GRAPH = "cuda-graph"  # the inference op replayed from a CUDA graph
+    GRAPH_TRAIN = "cuda-graph-train"  # the Triton training path's forward and backward, graphed
     KERNEL = "hybrid-kernel"  # the hybrid's forward as one Triton program per query block
     CHUNKS = "chunks"  # the general torch code over chunks of query blocks
 

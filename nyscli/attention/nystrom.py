@@ -93,6 +93,7 @@ class NystromAttention(Core):
         configure(self, locals())  # every argument checked against options
         self.exact = SoftmaxAttention()
         self.graphs = graphs.Graphs()  # CUDA graphs of this core's launch-bound inference calls
+        self.train_graphs = graphs.Graphs(size=4, training=True)  # ... and training calls
 
     def label(self) -> str:
         suffix = "" if self.landmarks == "segment_means" else f"-{self.landmarks}"
@@ -177,6 +178,7 @@ class NystromAttention(Core):
         | recompute | training with ``recompute=True`` |
         | CUDA graph | the inference op's call, unpadded segment means, launch-bound |
         | inference op | inference on the Triton path, the op checked on this GPU |
+        | CUDA graph (training) | training on the Triton path, unpadded segment means |
         | head groups | inference on the torch path, heads independent of each other |
         | Triton | the landmark side as one program per head (GPU, iterative pinv) |
         | torch | everything else |
@@ -197,6 +199,13 @@ class NystromAttention(Core):
             # the other landmark choices draw on the host: no capture
             graphed = self.landmarks == "segment_means" and graphs.serves(q, key_padding_mask)
             return Path.GRAPH if graphed else Path.INFERENCE
+        if (
+            triton
+            and training
+            and self.landmarks == "segment_means"
+            and graphs.serves_training(q, key_padding_mask)
+        ):
+            return Path.GRAPH_TRAIN
         if not training and self.heads_independent() and not triton:
             return Path.HEAD_GROUPS
         return Path.TRITON if triton else Path.TORCH
@@ -220,6 +229,11 @@ class NystromAttention(Core):
             # launch-bound: the same call replayed from a CUDA graph (gpu/graphs.py)
             return self.graphs(
                 lambda *qkv: self.approximate_all(*qkv, None, Path.INFERENCE), q, k, v
+            )
+        if path is Path.GRAPH_TRAIN:
+            # launch-bound in training too: forward and backward replayed (gpu/graphs.py)
+            return self.train_graphs(
+                lambda *qkv: self.approximate_all(*qkv, None, Path.TRITON), q, k, v
             )
         if path is Path.HEAD_GROUPS:
             # At inference the landmark side's (m, m) temporaries (kernel, pseudo-inverse

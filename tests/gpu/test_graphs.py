@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nyscli.attention.core import Path
 from nyscli.attention.gpu import gates, graphs
 from nyscli.attention.nystrom import NystromAttention
-from tests.gpu.common import DEVICE, qkv, relative
+from tests.gpu.common import DEVICE, forward_backward, qkv, relative
 
 
 class FakeGraph:
@@ -38,6 +39,7 @@ def fake_graphs(gated, interpret, monkeypatch) -> list[FakeGraph]:
     monkeypatch.setattr(FakeGraph, "made", [])
     monkeypatch.setattr(graphs, "_new_graph", FakeGraph)
     monkeypatch.setattr(graphs, "_capture", fake_capture)
+    monkeypatch.setattr(graphs, "_make_graphed", lambda fn, sample: fn)  # training: eager
     gated(graphs_on_cpu=True)
     return FakeGraph.made
 
@@ -139,3 +141,91 @@ def test_graphs_stay_off_a_gpu_until_checked_and_copies_start_without_them(
     core = NystromAttention(num_landmarks=16)
     core.graphs.graphs[("layout",)] = (None, None)
     assert copy.deepcopy(core).graphs.graphs == {}
+
+
+@pytest.fixture
+def fake_training_graphs(interpret, gated, monkeypatch) -> list[dict]:
+    """make_graphed_callables' stand-in on a CPU: records each capture's sample tensors and
+    replays by running the captured call on copies of the inputs laid out as the sample, as
+    a graphed callable copies its inputs into the graph's own."""
+    made = []
+
+    def make(fn, sample):
+        made.append({"sample": sample, "replays": 0})
+        record = made[-1]
+
+        def graphed(*inputs):
+            record["replays"] += 1
+            assert [x.shape for x in inputs] == [x.shape for x in sample]
+            return _Replay.apply(fn, sample, *inputs)
+
+        return graphed
+
+    monkeypatch.setattr(graphs, "_make_graphed", make)
+    gated(graphs_on_cpu=True, fused_cpu=False)
+    return made
+
+
+class _Replay(torch.autograd.Function):
+    """fn on the graph's own input copies, its gradients handed back to the real inputs."""
+
+    @staticmethod
+    def forward(ctx, fn, sample, *inputs):
+        copies = [
+            s.detach().copy_(x).requires_grad_(x.requires_grad)
+            for s, x in zip(sample, inputs, strict=True)
+        ]
+        with torch.enable_grad():
+            out = fn(*copies)
+        ctx.saved = (out, copies)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, copies = ctx.saved
+        grads = torch.autograd.grad(out, copies, grad)
+        return None, None, *grads
+
+
+def test_training_is_replayed_from_graphed_forward_and_backward(fake_training_graphs) -> None:
+    q, k, v = qkv(2, 3, 256, 16, seed=8)
+    core = NystromAttention(num_landmarks=16)
+    eager = NystromAttention(num_landmarks=16)
+    eager.train_graphs = lambda fn, *inputs: fn(*inputs)  # the same core, never graphed
+    for step in range(4):
+        x = [t.mul(1.0 + 0.1 * step).requires_grad_() for t in (q, k, v)]
+        assert core.path(*x) is Path.GRAPH_TRAIN
+        got = forward_backward(core, *x, None)
+        want = forward_backward(eager, *x, None)
+        assert relative(got[0], want[0]) < 1e-12
+        for g_got, g_want in zip(got[1], want[1], strict=True):
+            assert relative(g_got, g_want) < 1e-12
+    # seen once (eager), captured the second time from a copy laid out as the inputs
+    (made,) = fake_training_graphs
+    assert made["replays"] == 3 and all(s.requires_grad for s in made["sample"])
+    assert [s.shape for s in made["sample"]] == [t.shape for t in (q, k, v)]
+    assert core.train_graphs.graphs and not core.graphs.graphs
+    with torch.no_grad():  # inference keeps its own path
+        assert core.path(q, k, v) is Path.GRAPH
+
+
+@pytest.mark.parametrize("case", ["mask", "gate", "kmeans", "recompute"])
+def test_training_calls_that_are_not_graphed(fake_training_graphs, gated, case) -> None:
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 256, 16, seed=3))
+    mask = torch.ones(1, 256, dtype=torch.bool, device=DEVICE) if case == "mask" else None
+    if case == "gate":
+        gated(graphs_on_cpu=False)  # on CUDA: "graph-train" not in NYS_GPU_CHECKED
+    options = {"landmarks": "kmeans"} if case == "kmeans" else {}
+    core = NystromAttention(num_landmarks=16, recompute=case == "recompute", **options)
+    want = {"recompute": Path.RECOMPUTE}.get(case, Path.TRITON)
+    assert core.path(q, k, v, mask) is want
+    for _ in range(3):
+        core(q, k, v, mask).sum().backward()
+    assert fake_training_graphs == []
+
+
+def test_the_training_graph_gate_is_off_by_default_and_named_by_the_switch() -> None:
+    from nyscli.attention.gpu import gates
+
+    assert "graph-train" not in gates.CHECKED_BY_DEFAULT
+    assert "graph-train" in gates.checked_paths("graph-train")

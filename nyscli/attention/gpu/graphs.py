@@ -1,4 +1,5 @@
-"""CUDA graphs of a core's inference call, replayed when the same inputs come back.
+"""CUDA graphs of a core's call, replayed when the same inputs come back: its inference call,
+or its training call's forward and backward.
 
 Below n ~ 16K a Nyström forward on a GPU is bound by its launches and their Python, not its
 work (docs/results/gpu-notes.md, "graphs"). A CUDA graph replays the whole call in one launch.
@@ -10,8 +11,16 @@ values they now hold. The output lives in the graph's memory and is copied out a
 replay, so an output the caller keeps is never overwritten by a later call. A layout is
 captured the second time it is seen (the first call runs as usual and compiles the kernels),
 at most ``size`` graphs per core are kept (least recently used first out), and a core whose
-calls keep missing stops capturing. Inference only (no autograd), on CUDA, outside
-torch.compile; each kept graph holds one output-sized buffer.
+calls keep missing stops capturing. On CUDA, outside torch.compile; each kept inference
+graph holds one output-sized buffer.
+
+Training (``Graphs(training=True)``, gate "graph-train", off until a GPU has checked it):
+``torch.cuda.make_graphed_callables`` captures the forward and the backward once per layout
+(shapes, strides, dtypes, which inputs need a gradient, autocast), and each call copies q, k,
+v into the graph's inputs, so the addresses do not count there. Its graphs also hold what the
+backward reads; the gradients it hands back live in the graph's memory until the next call's
+backward, as make_graphed_callables' do (a core's q, k, v come from projections, whose own
+backward consumes them at once).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from torch import Tensor
 from nyscli.attention.gpu import gates
 
 GATE = "graph"
+TRAIN_GATE = "graph-train"  # off on CUDA until a GPU has checked it against float64
 # Calls of at most this many (sequence, head, token) rows are replayed: below it a call's
 # launches outlast its work, and each kept graph's output buffer stays small
 # (docs/results/gpu-notes.md, "graphs").
@@ -54,6 +64,32 @@ def serves(q: Tensor, key_padding_mask: Tensor | None) -> bool:
     )
 
 
+def serves_training(q: Tensor, key_padding_mask: Tensor | None) -> bool:
+    """Whether a training call on q: (B, H, n, d) on the Triton path runs as a graphed
+    forward and backward (``torch.cuda.make_graphed_callables``): the same rules as ``serves``
+    under its own gate; its layout (shapes, dtypes, which inputs need a gradient) is fixed per
+    call site, as a length bucket of LRA training or a bench point is."""
+    b, h, n = q.shape[:3]
+    g = gates.current()
+    return (
+        (TRAIN_GATE in g.checked and q.is_cuda or g.graphs_on_cpu)
+        and key_padding_mask is None
+        and b * h * n <= GRAPH_MAX_ROWS
+        and not torch.compiler.is_compiling()
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def _make_graphed(fn: Callable[..., Tensor], sample: tuple[Tensor, ...]) -> Callable[..., Tensor]:
+    """fn with its forward and backward captured as CUDA graphs, called with tensors laid out
+    as ``sample`` (tests put a stand-in here: a CPU has none). Under autocast, capture runs
+    with autocast's cast cache off, as make_graphed_callables requires."""
+    on = torch.is_autocast_enabled("cuda")
+    dtype = torch.get_autocast_dtype("cuda") if on else torch.float16
+    with torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False):
+        return torch.cuda.make_graphed_callables(fn, sample)
+
+
 def _new_graph() -> Any:
     """A CUDA graph (tests put a stand-in here: a CPU has none)."""
     return torch.cuda.CUDAGraph()
@@ -70,56 +106,76 @@ def _capture(graph: Any, fn: Callable[[], Tensor]) -> Tensor:
         return fn()
 
 
-def layout(*tensors: Tensor) -> tuple:
-    """Where and how tensors live, and the autocast state: what a replay must match."""
+def layout(*tensors: Tensor, training: bool = False) -> tuple:
+    """Where and how tensors live, and the autocast state: what a replay must match. A graphed
+    training call copies its inputs in, so there the addresses do not count, but which inputs
+    need a gradient does."""
     autocast = torch.is_autocast_enabled("cuda")
     state = (autocast, torch.get_autocast_dtype("cuda") if autocast else None)
-    return (*((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors), state)
+    if training:
+        found = ((t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors)
+    else:
+        found = ((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return (*found, state)
 
 
 class Graphs:
-    """Up to ``size`` CUDA graphs of one core's inference call, by input layout."""
+    """Up to ``size`` CUDA graphs of one core's call, by input layout: of its inference call,
+    or (``training``) of its forward and backward."""
 
-    def __init__(self, size: int = 2) -> None:
-        self.size = size
-        self.graphs: OrderedDict[tuple, tuple[Any, Tensor]] = OrderedDict()
+    def __init__(self, size: int = 2, training: bool = False) -> None:
+        self.size, self.training = size, training
+        # layout -> a replay: called with the inputs, it returns a fresh output
+        self.graphs: OrderedDict[tuple, Callable[..., Tensor]] = OrderedDict()
         self.seen: set[tuple] = set()
         self.misses = 0
 
     def __call__(self, fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         """fn(*inputs), replayed from a graph when one holds this layout."""
-        key = layout(*inputs)
+        key = layout(*inputs, training=self.training)
         if key in self.graphs:
             self.graphs.move_to_end(key)
             self.misses = 0
-            graph, out = self.graphs[key]
-            graph.replay()
-            return out.clone()
+            return self.graphs[key](*inputs)
         if key not in self.seen or self.misses >= MAX_MISSES:
             if len(self.seen) > 64 * self.size:
                 self.seen.clear()
             self.seen.add(key)
             return fn(*inputs)
         self.misses += 1
-        graph = _new_graph()
         try:
-            out = _capture(graph, lambda: fn(*inputs))
+            replay = self._captured(fn, inputs)
         except RuntimeError as error:  # work a graph cannot hold: this core stops capturing
             warnings.warn(f"CUDA graph capture failed, eager from now on: {error}", stacklevel=2)
             self.misses = MAX_MISSES
             return fn(*inputs)
-        self.graphs[key] = (graph, out)
+        self.graphs[key] = replay
         if len(self.graphs) > self.size:
             self.graphs.popitem(last=False)
-        graph.replay()
-        return out.clone()
+        return replay(*inputs)
+
+    def _captured(self, fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> Callable:
+        """A replay of fn for inputs laid out as ``inputs``. Its output is a copy, so an output
+        the caller keeps is never overwritten by a later call."""
+        if self.training:
+            sample = tuple(x.detach().clone().requires_grad_(x.requires_grad) for x in inputs)
+            graphed = _make_graphed(fn, sample)
+            return lambda *x: graphed(*x).clone()
+        graph = _new_graph()
+        out = _capture(graph, lambda: fn(*inputs))
+
+        def replay(*x: Tensor) -> Tensor:  # the graph reads the addresses it was captured with
+            graph.replay()
+            return out.clone()
+
+        return replay
 
     def __getstate__(self) -> dict:
         # Graphs belong to one process and device: a copy of the core starts without them.
-        return {"size": self.size}
+        return {"size": self.size, "training": self.training}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["size"])
+        self.__init__(state["size"], state.get("training", False))
 
     def __deepcopy__(self, memo: dict) -> Graphs:
-        return Graphs(self.size)
+        return Graphs(self.size, self.training)

@@ -76,9 +76,9 @@ def build_call(spec: dict[str, Any], device: torch.device) -> Callable[[], objec
 
 
 def replays_graphs(model: torch.nn.Module) -> bool:
-    """Whether a core of model holds a CUDA graph of its call (``attention.gpu.graphs``): its
-    time is then a replay's, on the same inputs each call."""
-    found = (getattr(m, "graphs", None) for m in model.modules())
+    """Whether a core of model holds a CUDA graph of its call (``attention.gpu.graphs``, of
+    inference or training): its time is then a replay's, on the same inputs each call."""
+    found = (value for m in model.modules() for value in vars(m).values())
     return any(isinstance(graphs, Graphs) and bool(graphs.graphs) for graphs in found)
 
 
