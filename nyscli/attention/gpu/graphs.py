@@ -50,29 +50,26 @@ MAX_MISSES = 8
 
 def serves(q: Tensor, key_padding_mask: Tensor | None) -> bool:
     """Whether an inference call on q: (B, H, n, d) that the inference op serves is replayed
-    from a graph: launch-bound, no padding mask (whose lengths the core reads on the host),
-    outside torch.compile (which makes its own) and outside the caller's own capture."""
-    b, h, n = q.shape[:3]
-    g = gates.current()
-    return (
-        (GATE in g.checked and q.is_cuda or g.graphs_on_cpu)
-        and key_padding_mask is None
-        and b * h * n <= GRAPH_MAX_ROWS
-        and not torch.compiler.is_compiling()
-        # inside a capture of the caller's own (a graph cannot capture another)
-        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
-    )
+    from a graph (``replayable`` under the gate "graph")."""
+    return replayable(q, key_padding_mask, GATE)
 
 
 def serves_training(q: Tensor, key_padding_mask: Tensor | None) -> bool:
     """Whether a training call on q: (B, H, n, d) on the Triton path runs as a graphed
-    forward and backward (``torch.cuda.make_graphed_callables``): the same rules as ``serves``
-    under its own gate; its layout (shapes, dtypes, which inputs need a gradient) is fixed per
-    call site, as a length bucket of LRA training or a bench point is."""
+    forward and backward (``torch.cuda.make_graphed_callables``; ``replayable`` under the gate
+    "graph-train"); its layout (shapes, dtypes, which inputs need a gradient) is fixed per call
+    site, as a length bucket of LRA training or a bench point is."""
+    return replayable(q, key_padding_mask, TRAIN_GATE)
+
+
+def replayable(q: Tensor, key_padding_mask: Tensor | None, gate: str) -> bool:
+    """On CUDA with ``gate`` on (or a test's stand-in), launch-bound (at most GRAPH_MAX_ROWS),
+    no padding mask (whose lengths the core reads on the host), outside torch.compile (which
+    makes its own) and outside the caller's own capture (a graph cannot capture another)."""
     b, h, n = q.shape[:3]
     g = gates.current()
     return (
-        (TRAIN_GATE in g.checked and q.is_cuda or g.graphs_on_cpu)
+        (gate in g.checked and q.is_cuda or g.graphs_on_cpu)
         and key_padding_mask is None
         and b * h * n <= GRAPH_MAX_ROWS
         and not torch.compiler.is_compiling()
