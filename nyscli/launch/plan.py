@@ -137,6 +137,21 @@ class Plan:
 LAUNCH_RULES = {"fail_fast": Bool()}
 
 
+# The jobs this process has validated, by their composed config: a job run in this process
+# (the local launcher) is not validated again; one run elsewhere (joblib, submitit, SLURM, a
+# search's trials, which only exist once the search runs) is, in its own process.
+_VALIDATED: set[str] = set()
+
+
+def _fingerprint(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=False)
+
+
+def validated(cfg: DictConfig) -> bool:
+    """Whether this process validated a job of exactly this config before it started."""
+    return _fingerprint(cfg) in _VALIDATED
+
+
 def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
     """Validate one job's composed config as the run will see it (HydraConfig set to it, so
     ``validate`` sees the overrides and group choices); its hydra node is dropped."""
@@ -147,6 +162,7 @@ def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: lis
     schema.check(cfg, LAUNCH_RULES)
     module.validate(cfg)
     tracking.check(cfg.get("logger"))
+    _VALIDATED.add(_fingerprint(cfg))
 
 
 class JobComposer:

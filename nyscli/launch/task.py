@@ -18,6 +18,7 @@ from nyscli.experiments import experiment_module
 from nyscli.files import write_csv, write_json, write_text
 from nyscli.launch.faults import USER_ERRORS, Abort, JobFailed, fault_line, one_line
 from nyscli.launch.folders import ENV_FILE
+from nyscli.launch.plan import validated
 from nyscli.launch.sweepers import resume
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
@@ -55,7 +56,8 @@ class Task:
             logging.getLogger().setLevel(logging.WARNING)
         nproc = int(OmegaConf.select(cfg, "trainer.nproc_per_node", default=1))
         try:
-            module.validate(cfg)
+            if not validated(cfg):  # checked before launch in this process: not again
+                module.validate(cfg)
             df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
         except TrainingInterrupted as stop:
             if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
