@@ -144,3 +144,19 @@ def test_table2_cells_of_pooled_seeds_show_mean_and_std():
     text = console.export_text()
     assert "90.00 ± 1.20 (n = 3)" in text and "85.00 ± 2.00 (n = 3)" in text
     assert "88.00" in text and "88.00 ±" not in text  # one run: no spread
+
+
+def test_a_bench_sweep_over_seeds_keeps_how_it_ran_and_reports(nys_here, tmp_path):
+    # threads and device are results.csv columns of nys bench: pooling two seeds kept them as
+    # they were, not replaced by the seed list ("0 1"), which the bench's table then failed on.
+    import warnings
+
+    args = ["bench", "--seq-len", "16", "attention_set=none", "attention_rows=[{name:softmax}]"]
+    args += ["repeats=1", "min_repeats=1", "warmup=0", "threads=1", "-m", "seed=0,1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a callback's failure is a warning in Hydra
+        done = nys_here(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cpu, batch 1" in " ".join(done.stdout.split()) and "1 thread(s)" in done.stdout
+    (summary,) = (tmp_path / "outputs" / "bench" / "multirun").glob("*/summary.csv")
+    assert set(pd.read_csv(summary).threads) == {1}

@@ -83,12 +83,13 @@ def pooled(group: SeedGroup) -> pd.DataFrame | None:
     metrics = []
     for column in first.columns:
         values = stacked[column].unstack(0)  # rows x runs
-        if column in NOT_A_SETTING:  # the seed column: the group lists its seeds instead
+        if column == "seed":  # the group lists its seeds instead
             out[column] = " ".join(str(s) for s in group.seeds)
             continue
-        if not pd.api.types.is_numeric_dtype(first[column]):
-            # A label drawn from a metric ("= majority" for one seed, "< majority" for
-            # another): every value the seeds gave, in seed order.
+        if column in NOT_A_SETTING or not pd.api.types.is_numeric_dtype(first[column]):
+            # How the runs ran (threads, device), which seeds may differ in, or
+            # a label drawn from a metric ("= majority" for one seed, "< majority" for
+            # another): every value the seeds gave, in seed order, each once.
             out[column] = values.apply(lambda r: " / ".join(dict.fromkeys(map(str, r))), axis=1)
             continue
         if values.isna().all().all():

@@ -417,7 +417,8 @@ def render(df: pd.DataFrame) -> RenderableType:
         f"batch {context['batch_size']}, hidden {context['hidden']}/{context['num_heads']} heads"
     )
     if "threads" in df and pd.notna(context["threads"]):
-        caption += f", {int(context['threads'])} thread(s)"
+        threads = context["threads"]  # "1 / 2" where pooled seeds ran with different threads
+        caption += f", {int(threads) if isinstance(threads, (int, float)) else threads} thread(s)"
     if len(base_rows) == 1:
         caption += f"; (×) = value / {next(iter(base_rows.values()))}'s at the same n"
     elif base_rows:

@@ -10,6 +10,7 @@ ones); if it is still noisy it is marked ``noisy`` rather than printed as if it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -108,6 +109,10 @@ class PointWorker:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         self.stderr.close()
 
 
