@@ -639,7 +639,7 @@ PROFILES = [
     ("nystrom-fused", "forward", PROFILE_LEN, False),
     ("nystrom-fused", "forward", 65536, True),
     ("hybrid-triton", "forward", PROFILE_LEN, False),
-    # one forward + backward at 4,096, eager and graphed (issue 60's before and after)
+    # one forward + backward at 4,096, eager and graphed (before and after graphing)
     ("nystrom-triton", "train", 4096, False),
     ("nystrom-graphed-train", "train", 4096, False),
 ]  # fmt: skip

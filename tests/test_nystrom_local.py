@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from nyscli.attention import build_attention, config_at_pairs, nystrom_local, pairs_per_query
+from nyscli.attention import (
+    build_attention,
+    config_at_pairs,
+    nystrom_local,
+    nystrom_local_parts,
+    pairs_per_query,
+)
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.experiments.approx_error.methods import implied_matrix
 
@@ -62,8 +68,8 @@ def reference(
 def test_output_equals_the_dense_formula(m, window, g, chunk, monkeypatch):
     """Also with the band cut into chunks of 1-2 query blocks (40 entries), as at large n."""
     if chunk:  # a band this small is otherwise done in one go
-        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
-        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_CHUNK_ENTRIES", chunk)
     q, k, v = qkv(1, 2, 32, 6, seed=1)
     out = hybrid(num_landmarks=m, window=window, heavy_keys=g)(q, k, v)
     for h in range(2):
@@ -76,8 +82,8 @@ def test_without_the_far_field_it_is_softmax_over_the_band_and_heavy_keys(chunk,
     """far_field=false (the ablation): every query attends over its band and the g heavy keys
     alone, exactly; the landmarks only pick the heavy keys. Costs m pairs less a query."""
     if chunk:
-        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
-        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_CHUNK_ENTRIES", chunk)
     q, k, v = qkv(1, 2, 32, 6, seed=4)
     core = hybrid(num_landmarks=4, window=5, heavy_keys=3, far_field=False)
     out = core(q, k, v)
@@ -219,8 +225,8 @@ def test_routed_keys_output_equals_the_dense_formula(m, window, g, routed, chunk
     where they fall in its band or among the heavy keys; the far field covers the rest.
     Also in chunks, and with 30 routed keys of 32 (nearly every key)."""
     if chunk:
-        monkeypatch.setattr(nystrom_local, "CPU_SMALL_BAND", 0)
-        monkeypatch.setattr(nystrom_local, "CPU_CHUNK_ENTRIES", chunk)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_SMALL_BAND", 0)
+        monkeypatch.setattr(nystrom_local_parts, "CPU_CHUNK_ENTRIES", chunk)
     q, k, v = qkv(1, 2, 32, 6, seed=7)
     core = hybrid(num_landmarks=m, window=window, heavy_keys=g, routed_keys=routed)
     out = core(q, k, v)
