@@ -220,7 +220,7 @@ def test_rows_are_timed_in_turn_and_a_slow_rows_calls_spread_over_the_rounds():
 def test_a_noisy_point_is_timed_again_and_marked_if_it_stays_noisy():
     log = []
     burst = [10.0, 10.0, 10.0, 40.0, 40.0, 10.0, 40.0, 10.0]  # IQR/median 3 on the first pass
-    times = {"calm": burst + [10.0] * 8, "stormy": burst * 2}
+    times = {"calm": burst + [10.0] * 8, "stormy": burst * 3}  # stormy stays noisy
     counted = []
     calm, stormy = measure_interleaved(
         fake_specs("calm", "stormy"),
@@ -235,6 +235,8 @@ def test_a_noisy_point_is_timed_again_and_marked_if_it_stays_noisy():
     assert calm["remeasured"] and not calm["noisy"] and calm["time_ms"] == 10.0
     assert stormy["remeasured"] and stormy["noisy"] and stormy["spread"] > 0.2
     assert log[16:18] == ["calm", "stormy"]  # the retry is interleaved too
+    # calm settled on its first retry; stormy was timed again twice, then marked noisy
+    assert log.count("calm") == 16 and log.count("stormy") == 24
     df = pd.DataFrame(
         [
             {**SPEC, **r, "attention": name, "seq_len": 64, "baseline": "calm", "hidden": 768}
@@ -377,3 +379,37 @@ def test_the_core_is_handed_q_k_v_in_the_compute_dtype(scope, dtype, handed):
     assert ready["input_dtype"] == handed and ready["path"] == "sdpa"
     (row,) = measure_interleaved([{**spec, "seq_len": 32, "time_budget_s": 0.2}], 120, 9.0)
     assert row["status"] == "ok" and row["input_dtype"] == handed
+
+
+def test_a_points_time_is_the_lower_quartile_with_the_median_and_spread_beside_it():
+    stats = bench_worker.summarize([8.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 4.0])
+    assert stats == {
+        "time_ms": 2.75,  # 1 + (8 - 1) / 4, numpy's default ("linear") quantile
+        "time_ms_median": 4.5,
+        "time_ms_min": 1.0,
+        "time_ms_q3": 6.25,
+        "time_ms_iqr": 3.5,
+        "repeats": 8,
+    }
+    assert bench_worker.summarize([3.0])["time_ms"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("nystrom_quartiles", "shown"),
+    [((9.0, 12.0), "(≈1×)"), ((4.0, 5.0), "(0.4×)"), ((10.5, 10.6), "(1.05×)")],
+)
+def test_a_ratio_whose_quartiles_straddle_one_is_labelled_so(nystrom_quartiles, shown):
+    low, high = nystrom_quartiles
+    base = {
+        "seq_len": 512, "peak_mb": 1.0, "status": "ok", "baseline": "softmax (SDPA)",
+        "scope": "core", "mode": "forward", "dtype": "fp32", "device": "cpu", "batch_size": 1,
+        "hidden": 768, "num_heads": 12,
+    }  # fmt: skip
+    rows = [
+        {**base, "attention": "softmax (SDPA)", "time_ms": 10.0, "time_ms_q3": 10.4},
+        {**base, "attention": "nystrom-64", "time_ms": low, "time_ms_q3": high},
+    ]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(pd.DataFrame(rows)))
+    (line,) = [x for x in console.export_text().split("Time (ms")[1].splitlines() if "nystrom" in x]
+    assert shown in line and ("≈" in line) == (shown == "(≈1×)")

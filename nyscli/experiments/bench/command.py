@@ -209,7 +209,9 @@ def record(
         "attention_config": json.dumps(row, sort_keys=True),
         "load_avg": load,
         "time_ms": None,
+        "time_ms_median": None,
         "time_ms_min": None,
+        "time_ms_q3": None,
         "time_ms_iqr": None,
         "repeats": None,
         "spread": None,
@@ -297,7 +299,7 @@ def _describe(result: dict[str, Any]) -> str:
     noisy = ", NOISY" if result.get("noisy") else ""
     graph = ", a CUDA graph replayed on the same inputs" if result.get("cuda_graph") else ""
     return (
-        f"{result['time_ms']:.2f} ms (median of {result['repeats']}, IQR/median "
+        f"{result['time_ms']:.2f} ms (lower quartile of {result['repeats']}, IQR/median "
         f"{result['spread']:.2f}{noisy}{graph}), {result['peak_mb']:.1f} MB"
     )
 
@@ -346,7 +348,7 @@ def _table(df: pd.DataFrame, column: str, title: str, base_rows: dict[str, str])
     for n in seq_lens:
         table.add_column(f"n={n}", justify="right")
     ref = df[df.row.isin(list(base_rows.values())) & (df.status == "ok")]
-    base = {(r.scope, r.seq_len): getattr(r, column) for r in ref.itertuples()}
+    base = {(r.scope, r.seq_len): r for r in ref.itertuples()}
     for row, group in df.groupby("row", sort=False):
         cells = []
         scope = group.scope.iloc[0]
@@ -363,8 +365,8 @@ def _table(df: pd.DataFrame, column: str, title: str, base_rows: dict[str, str])
                 if column == "time_ms" and getattr(point, "noisy", False) is True:
                     text += "[yellow]~[/]"
                 reference = base.get((scope, n))
-                if reference and reference > 0 and row != base_rows.get(scope):
-                    text += f" [dim]({value / reference:.3g}×)[/]"
+                if reference is not None and row != base_rows.get(scope):
+                    text += ratio_text(point, reference, column)
                 cells.append(text)
         table.add_row(escape(str(row)), *cells)  # labels are data: "[...]" is no markup
     if column == "time_ms":
@@ -373,6 +375,30 @@ def _table(df: pd.DataFrame, column: str, title: str, base_rows: dict[str, str])
     for name, paper_cells in table1_rows(column, [int(n) for n in seq_lens]):
         table.add_row(name, *paper_cells, style="dim")
     return table
+
+
+def ratio_text(point: Any, reference: Any, column: str) -> str:
+    """ " (0.42×)": the point's value over its baseline's; for times whose quartiles put the
+    ratio on both sides of 1 (the row's IQR against the baseline's), " (≈1×)" instead: the
+    two are not told apart at this n on this machine."""
+    value, base = getattr(point, column), getattr(reference, column)
+    if not base or base <= 0:
+        return ""
+    if column == "time_ms" and straddles_one(point, reference):
+        return " [yellow](≈1×)[/]"
+    return f" [dim]({value / base:.3g}×)[/]"
+
+
+def straddles_one(point: Any, reference: Any) -> bool:
+    """Whether the ratio's range from the two rows' quartiles (the row's lower quartile over
+    the baseline's upper, its upper over the baseline's lower) holds 1."""
+    quartiles = [
+        getattr(r, name, None) for r in (point, reference) for name in ("time_ms", "time_ms_q3")
+    ]
+    if any(q is None or q != q or q <= 0 for q in quartiles):  # older results: no quartiles
+        return False
+    low, high, base_low, base_high = quartiles
+    return low / base_high < 1 < high / base_low
 
 
 def module_overhead_rows(df: pd.DataFrame, seq_lens: list[int]) -> list[tuple[str, list[str]]]:

@@ -5,7 +5,8 @@ so its peak-memory reading stays honest). Once every worker has warmed up and me
 memory, the rows are timed round-robin, one call at a time, so a burst of load from another job
 hits every row alike and the ratios between rows survive it. A point whose spread
 (IQR / median) is above ``noise_threshold`` is timed again (interleaved with the other noisy
-ones); if it is still noisy it is marked ``noisy`` rather than printed as if it were a result.
+ones), up to RETRIES times; if it is still noisy it is marked ``noisy`` rather than printed as
+if it were a result.
 """
 
 from __future__ import annotations
@@ -131,8 +132,14 @@ class Point:
     times: list[float] = field(default_factory=list)
 
     def spread(self) -> float:
+        """IQR / median of its timed calls."""
         stats = summarize(self.times)
-        return stats["time_ms_iqr"] / stats["time_ms"] if stats["time_ms"] > 0 else 0.0
+        median = stats["time_ms_median"]
+        return stats["time_ms_iqr"] / median if median > 0 else 0.0
+
+
+# Passes that time the noisy points again, after the first, before they are marked noisy.
+RETRIES = 2
 
 
 def _round_robin(points: list[Point], on_round: Callable[[int, int], None]) -> None:
@@ -187,14 +194,19 @@ def measure_interleaved(
             spec = point.spec
             budget = int(spec["time_budget_s"] * 1000.0 / max(ready["first_ms"], 1e-3))
             point.needed = max(spec["min_repeats"], min(spec["repeats"], budget))
-        first = max((p.needed for p in points), default=0)
+        done = max((p.needed for p in points), default=0)
         _round_robin(points, on_round)
-        noisy = [p for p in points if p.worker is not None and p.spread() > noise_threshold]
-        retried = {id(p) for p in noisy}
-        for point in noisy:  # measure again; the first samples were taken under a burst
-            point.times = []
-        # the count goes on from the first pass's rounds, to a total that grows by the second's
-        _round_robin(noisy, lambda r, total: on_round(first + r, first + total))
+        retried: set[int] = set()
+        for _ in range(RETRIES):  # measure again while noisy: samples taken under a burst
+            noisy = [p for p in points if p.worker is not None and p.spread() > noise_threshold]
+            if not noisy:
+                break
+            retried |= {id(p) for p in noisy}
+            for point in noisy:
+                point.times = []
+            # the count goes on from the rounds before, to a total that grows by this pass's
+            _round_robin(noisy, lambda r, total, before=done: on_round(before + r, before + total))
+            done += max(p.needed for p in noisy)
     finally:
         stopping = sys.exc_info()[1] is not None  # e.g. Ctrl-C or SIGTERM: no waiting
         for point in points:
