@@ -25,6 +25,7 @@ from nyscli.attention.nystrom_cpu import fused_path_applies, fused_segment_means
 from nyscli.attention.pinv import PINV_INITS, PINV_METHODS, exact_pinv, iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
+from nyscli.attention.threads import one_thread
 from nyscli.rules import Bool, Choice, Float, Int
 
 # Inference runs the general path a few heads at a time within this many temporary elements.
@@ -326,11 +327,12 @@ class NystromAttention(Core):
             # fp32 inside whatever the dtypes (a custom op: autocast leaves it alone).
             w = landmark.landmark_weights(q_land, k_land, bv, exists, self.pinv_iterations)
             return w.to(v.dtype)
-        a = self.landmark_kernel(q_land, k_land, exists)
-        with torch.autocast(device_type=q_land.device.type, enabled=False):
-            # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
-            z = self.recomputed_pseudo_inverse(a)
-            return (z @ bv.to(z.dtype)).to(v.dtype)
+        with one_thread(q_land):  # (B, H, m, m) work: a second thread only waits
+            a = self.landmark_kernel(q_land, k_land, exists)
+            with torch.autocast(device_type=q_land.device.type, enabled=False):
+                # pinv(A) can have large entries: multiply in at least fp32 even under autocast.
+                z = self.recomputed_pseudo_inverse(a)
+                return (z @ bv.to(z.dtype)).to(v.dtype)
 
     def recomputed_approximation(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None

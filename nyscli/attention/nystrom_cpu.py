@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nyscli.attention.core import backward_follows
 from nyscli.attention.landmarks import shared_segment_means
+from nyscli.attention.threads import one_thread
 
 _flash_forward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _flash_backward = getattr(
@@ -47,9 +48,11 @@ class _FusedNystrom(torch.autograd.Function):
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, m: int, inverse: LandmarkInverse
     ) -> Tensor:
         q_land, k_land = shared_segment_means(q, m)[1], shared_segment_means(k, m)[1]
-        z = inverse(q_land, k_land)  # (B, H, m, m)
+        with one_thread(q_land):  # (B, H, m, m) work: a second thread only waits
+            z = inverse(q_land, k_land)  # (B, H, m, m)
         bv, lse_land = _flash_forward(q_land, k, v)  # (B, H, m, d), (B, H, m)
-        w = (z @ bv.to(z.dtype)).to(v.dtype)
+        with one_thread(bv):
+            w = (z @ bv.to(z.dtype)).to(v.dtype)
         out, lse = _flash_forward(q, k_land, w)  # (B, H, n, d), (B, H, n)
         ctx.save_for_backward(q, k, v, q_land, k_land, bv, lse_land, w, out, lse)
         ctx.m, ctx.inverse = m, inverse
@@ -59,7 +62,7 @@ class _FusedNystrom(torch.autograd.Function):
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, q_land, k_land, bv, lse_land, w, out, lse = ctx.saved_tensors
         grad_q, grad_k_land, grad_w = _flash_backward(grad_out, q, k_land, w, out, lse, 0.0, False)
-        with torch.enable_grad():
+        with torch.enable_grad(), one_thread(q_land):
             q_small = q_land.detach().requires_grad_()
             k_small = k_land.detach().requires_grad_()
             bv_small = bv.detach().requires_grad_()

@@ -30,6 +30,7 @@ from nyscli.attention.nystrom_local_parts import (
 from nyscli.attention.pinv import iterative_pinv
 from nyscli.attention.registry import register
 from nyscli.attention.softmax import SoftmaxAttention
+from nyscli.attention.threads import one_thread
 from nyscli.rules import Bool, Choice, Int
 
 
@@ -265,7 +266,7 @@ class NystromLocalAttention(Core):
         if gpu:  # one program per matrix instead of ~60 launches
             z = landmark.iterative_pinv(a_kernel, self.pinv_iterations)
             return q_land, k_land, z, b_kernel, exists
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with torch.autocast(device_type=q.device.type, enabled=False), one_thread(a_kernel):
             z = iterative_pinv(a_kernel, self.pinv_iterations)
         return q_land, k_land, z, b_kernel, exists
 
