@@ -18,6 +18,7 @@ from nyscli.attention.core import Path
 from nyscli.attention.gpu import gates
 from nyscli.attention.landmarks import segment_means
 from nyscli.attention.multihead import ValueConvSkip
+from nyscli.attention.nystrom import NystromAttention
 from nyscli.attention.pinv import exact_pinv, iterative_pinv
 from tests.helpers import smooth_qkv
 
@@ -567,3 +568,37 @@ def test_attention_label_matches_built_core(config: dict) -> None:
     label = build_attention(config).label()
     kernel = config.get("conv_kernel_size")
     assert attention_label(config) == (f"{label}+conv{kernel}" if kernel else label)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_the_landmark_side_runs_on_one_thread_and_the_rest_keeps_them(monkeypatch, training):
+    # Tens of (B, H, m, m) ops a call: a second thread only waits (on a busy machine, for a
+    # descheduled one); the n-sized work keeps every thread, and the count comes back.
+    seen = []
+    inverse = NystromAttention.pseudo_inverse
+
+    def spy(self, a):
+        seen.append(torch.get_num_threads())
+        return inverse(self, a)
+
+    monkeypatch.setattr(NystromAttention, "pseudo_inverse", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = (t.requires_grad_(training) for t in smooth_qkv(1, 2, 64, 8, seed=3))
+        out = nystrom(num_landmarks=16)(q, k, v)
+        if training:  # the fused CPU path's backward recomputes pinv(A) on one thread too
+            out.sum().backward()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+
+
+def test_the_fused_cpu_training_path_compiles_without_a_graph_break():
+    import torch._dynamo
+
+    q, k, v = (t.float().requires_grad_() for t in smooth_qkv(1, 2, 64, 8, seed=4))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(nystrom(num_landmarks=16))(q, k, v, None)
+    assert explained.graph_break_count == 0

@@ -21,9 +21,13 @@ from torch import Tensor
 @contextmanager
 def one_thread(x: Tensor) -> Iterator[None]:
     """Intra-op threads set to 1 for the block, where ``x`` (the small work's input) is on a
-    CPU; the count before is back after the block, however it ends."""
+    CPU; the count before is back after the block, however it ends. Not under torch.compile,
+    which would break its graph at the thread switch (the compiled code keeps its threads)."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        yield
+        return
     before = torch.get_num_threads()
-    if x.device.type != "cpu" or before == 1:
+    if before == 1:
         yield
         return
     torch.set_num_threads(1)
