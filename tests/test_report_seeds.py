@@ -160,3 +160,23 @@ def test_a_bench_sweep_over_seeds_keeps_how_it_ran_and_reports(nys_here, tmp_pat
     assert "cpu, batch 1" in " ".join(done.stdout.split()) and "1 thread(s)" in done.stdout
     (summary,) = (tmp_path / "outputs" / "bench" / "multirun").glob("*/summary.csv")
     assert set(pd.read_csv(summary).threads) == {1}
+
+
+def test_a_stopped_run_continued_by_one_that_finished_is_not_failed(tmp_path, capsys):
+    # nys lra ... interrupted, then `--resume true`: the continuation names its origin in
+    # resumed_from.txt and has the results; `nys report outputs/` counted the origin failed.
+    origin, continuation, broken = (tmp_path / "runs" / name for name in ("a", "b", "c"))
+    lra_run(origin, "softmax", 0, threads=1)
+    (origin / "results.csv").unlink()
+    (origin / "error.txt").write_text("interrupted at step 900; resume with: nys lra ...\n")
+    lra_run(continuation, "softmax", 0, threads=1)
+    (continuation / "resumed_from.txt").write_text(f"{origin}\n")
+    lra_run(broken, "nystrom", 0, threads=1)
+    (broken / "results.csv").unlink()
+    (broken / "error.txt").write_text("error: out of memory\n")
+    show_report([tmp_path / "runs"])
+    shown = capsys.readouterr().out
+    assert "1 of 3 runs have results (1 stopped and continued by a run that finished)" in shown
+    assert f"continued {origin}: finished as {continuation}" in " ".join(shown.split())
+    failed = [line for line in shown.splitlines() if line.startswith("failed")]
+    assert len(failed) == 1 and "out of memory" in failed[0]

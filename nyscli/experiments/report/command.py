@@ -3,6 +3,7 @@ folders (a sweep, a few single runs, or all of outputs/)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from nyscli.output.plots import loglog_panels
 from nyscli.output.runs import TRIALS_FILE, RunFolder, aggregate, find_run_folders, load_run
 from nyscli.output.seeds import group_labels, mean_std, means_frame, seed_groups, spread_table
 from nyscli.train.metrics import METRICS_FILE
+from nyscli.train.resume import RESUMED_FROM_FILE
 from nyscli.train.splits import DEV, TRAIN, curve_or_warning
 
 # A figure: (the command's runs that have results, their stacked results, the path prefix
@@ -76,9 +78,14 @@ def show_report(
                     console.print(f"wrote {path}", markup=False, highlight=False)
         elif not df.empty:
             console.print(df.to_string(index=False), markup=False)
-    failed = [run for run in runs if not run.ok]
-    ok = len(runs) - len(failed)
-    console.print(f"{ok} of {len(runs)} runs have results")
+    finished_later = continued_runs(runs)
+    failed = [run for run in runs if not run.ok and run.path.resolve() not in finished_later]
+    ok = sum(run.ok for run in runs)
+    tail = f" ({len(finished_later)} stopped and continued by a run that finished)"
+    console.print(f"{ok} of {len(runs)} runs have results{tail if finished_later else ''}")
+    for origin, continuation in finished_later.items():
+        line = f"continued {origin}: finished as {continuation}"
+        console.print(escape(line), markup=False, highlight=False)
     for run in failed:
         console.print(f"[red]failed[/] {escape(f'{run.path}: {run.error}')}", highlight=False)
     for sweep in (p for p in paths if (p / TRIALS_FILE).is_file()):  # an Optuna search
@@ -99,6 +106,21 @@ def show_report(
             for png in figure(done, aggregate(done), prefix, per_run):
                 console.print(f"wrote {png}", markup=False, highlight=False)
     return combined
+
+
+def continued_runs(runs: list[RunFolder]) -> dict[Path, Path]:
+    """The runs without results that one of ``runs`` continued (``--resume true`` or
+    ``resume=``: the continuation names its origin in resumed_from.txt) and finished: origin
+    -> the continuation that has the results. Such a run is not a failure."""
+    found = {}
+    for run in runs:
+        marker = run.path / RESUMED_FROM_FILE
+        if not run.ok or not marker.is_file():
+            continue
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            found[Path(marker.read_text().strip()).resolve()] = run.path
+    stopped = {run.path.resolve() for run in runs if not run.ok}
+    return {origin: done for origin, done in found.items() if origin in stopped}
 
 
 def _rendered(
