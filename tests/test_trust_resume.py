@@ -305,32 +305,86 @@ def test_a_checkpoint_of_other_weights_is_refused_before_any_data(run_nys, tmp_p
     assert run_folders(tmp_path / "outputs" / "lra") == [run]
 
 
-def test_two_resume_true_launches_at_once_continue_the_run_once(run_nys, tmp_path):
-    """The first continuation has not saved a checkpoint yet (nothing on disk says the run is
-    continued): a second identical launch is refused in one line instead of forking it."""
+def long_stopped_run(run_nys, tmp_path) -> tuple[list[str], object]:
+    """A run stopped at step 2 (last.pt) whose continuation trains until it is stopped: no
+    further checkpoint before step 100,000."""
     args = [*TINY, f"data_cache={tmp_path / 'c'}", "trainer.checkpoint_every=100000"]
     args[args.index("--steps") + 1] = "100000"
     first = run_nys("lra", *args, "trainer.stop_at_step=2")
     assert first.returncode == 0, first.stdout + first.stderr
     [run] = run_folders(tmp_path / "outputs" / "lra")
+    return args, run
+
+
+def continuing(tmp_path, args: list[str], *resume: str) -> tuple[subprocess.Popen, object]:
+    """A launch continuing the run, returned once it has claimed it (its resumed_from.txt is
+    written just after the claim), before its first checkpoint; and its run folder."""
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
     going = subprocess.Popen(
-        [sys.executable, "-m", "nyscli.cli", "lra", *args, "--resume", "true"], cwd=tmp_path,
+        [sys.executable, "-m", "nyscli.cli", "lra", *args, *resume], cwd=tmp_path,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and going.poll() is None:
+        found = list((tmp_path / "outputs").rglob(RESUMED_FROM_FILE))
+        if found:
+            return going, found[0].parent
+        time.sleep(0.1)
+    going.kill()
+    raise AssertionError(going.communicate()[0])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("true", "true"), ("true", "run"), ("run", "true")]
+)  # fmt: skip
+def test_two_launches_at_once_continue_the_run_once(first, second, run_nys, tmp_path):
+    """The first continuation has not saved a checkpoint yet (nothing on disk says the run is
+    continued): a second launch is refused in one line instead of forking it, whichever form
+    each uses. ``resume=<run>`` while a ``--resume true`` continuation ran used to wait ~12 s
+    and continue the run a second time (issue 61.4)."""
+    args, run = long_stopped_run(run_nys, tmp_path)
+    form = {"true": ["--resume", "true"], "run": [f"resume={run}"]}
+    going, continuing_dir = continuing(tmp_path, args, *form[first])
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and going.poll() is None:
-            if list((tmp_path / "outputs").rglob(RESUMED_FROM_FILE)):
-                break
-            time.sleep(0.2)
-        [continuing] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r != run]
-        second = run_nys("lra", *args, "--resume", "true", "trainer.stop_at_step=3")
+        second_launch = run_nys("lra", *args, *form[second], "trainer.stop_at_step=3")
     finally:
         going.send_signal(signal.SIGTERM)
         going.communicate(timeout=120)
-    assert second.returncode == 2, second.stdout + second.stderr
-    lines = [line for line in second.stdout.splitlines() if line.strip()]
+    assert second_launch.returncode == 2, second_launch.stdout + second_launch.stderr
+    lines = [line for line in second_launch.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and "is already being continued by" in lines[0], lines
-    assert str(continuing.resolve()) in lines[0]
+    asked = "--resume true" if second == "true" else f"resume={run}"  # as typed
+    assert lines[0].startswith(f"error: {asked}: the run ")
+    assert str(continuing_dir.resolve()) in lines[0] and "its launch is running" in lines[0]
     assert len(run_folders(tmp_path / "outputs" / "lra")) == 2  # no third run
+
+
+def test_a_continuation_killed_before_its_first_checkpoint_leaves_the_run_continuable(
+    run_nys, tmp_path
+):
+    """``kill -9`` of a ``--resume true`` continuation before its first checkpoint left its
+    claim in the run: every later ``--resume true`` was refused for good, and the refusal's
+    ``resume=<that continuation>`` failed too (it has no checkpoint) (issue 61.4). A claim
+    counts while its launch runs or once its holder saved: this one does not."""
+    args, run = long_stopped_run(run_nys, tmp_path)
+    going, killed = continuing(tmp_path, args, "--resume", "true")
+    going.kill()  # SIGKILL: nothing of nys runs after it
+    going.communicate(timeout=60)
+    assert (killed / RESUMED_FROM_FILE).is_file() and not (killed / "checkpoints").exists()
+    again = run_nys("lra", *args, "--resume", "true", "trainer.stop_at_step=3")
+    assert again.returncode == 0, again.stdout + again.stderr
+    flat = "".join(again.stdout.split())  # the log line may wrap
+    assert "resume=true:continuing" in flat and f"{run.name}" in flat.split("continuing")[1]
+    [third] = [r for r in run_folders(tmp_path / "outputs" / "lra") if r not in (run, killed)]
+    assert (third / RESUMED_FROM_FILE).read_text().strip() == str(run.resolve())
+    assert pd.read_csv(third / "results.csv").iloc[0].status == "stopped at step 3"
+    # That continuation saved: the run is continued. resume=<run> names it, and what it says
+    # to give works.
+    refused = run_nys("lra", *args, f"resume={run}", "trainer.stop_at_step=4")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = [line for line in refused.stdout.splitlines() if line.strip()]
+    assert line.endswith(f"go on from there with resume={third.resolve()}"), line
+    assert len(run_folders(tmp_path / "outputs" / "lra")) == 3
+    onward = run_nys("lra", *args, f"resume={third.resolve()}", "trainer.stop_at_step=4")
+    assert onward.returncode == 0, onward.stdout + onward.stderr
+    assert len(run_folders(tmp_path / "outputs" / "lra")) == 4

@@ -138,8 +138,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
         log.warning("resume_changes=allow: %s", change)
     if plan.checkpoint is not None and distributed.is_main():
         asked = "true" if str(cfg.resume).lower() == "true" else str(cfg.resume)  # a path as typed
-        if asked == "true":  # resume=<folder> is asked for by name
-            claim_continuation(run_dir, plan.checkpoint)
+        claim_continuation(run_dir, plan.checkpoint, asked)  # either form: continued once
         record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
         log.info("resume=%s: continuing %s", asked, plan.run)
     seed_everything(int(cfg.seed))

@@ -23,6 +23,7 @@ from nyscli.launch.sweepers import resume
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resume import release_continuation
 
 log = logging.getLogger("nys")
 
@@ -58,7 +59,10 @@ class Task:
         try:
             if not validated(cfg):  # checked before launch in this process: not again
                 module.validate(cfg)
-            df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
+            try:
+                df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
+            finally:  # the run it continued is no longer held by this job
+                release_continuation()
         except TrainingInterrupted as stop:
             if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
                 again = resume.again(Path(hydra_cfg.sweep.dir), hydra_cfg, trains=True)

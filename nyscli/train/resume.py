@@ -8,16 +8,19 @@ are used (the trainer re-applies lr, betas, eps, weight decay, schedule and seed
 checkpoint's) and every change is recorded, old and new value, in ``results.csv``.
 ``resume=true`` continues the newest *unfinished* run with identical settings that no later
 run has continued already (a resumed run names its origin in :data:`RESUMED_FROM_FILE`); when
-every such run has finished there is nothing to do.
+every such run has finished there is nothing to do. Either form claims the run it continues
+(:func:`claim_continuation`), so a run is continued once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +264,7 @@ def plan_resume(
         )
     finished = is_finished(run)
     if not finished:
+        refuse_claimed(resume, run, here)  # continued by another launch: one line, no folder
         check_checkpoint(checkpoint, cfg)  # a truncated or foreign file: one line now, not
         # after the data
     return ResumePlan(checkpoint, tuple(changes), finished)
@@ -343,9 +347,7 @@ def _newest_identical(
     unfinished = [c for c in candidates if not is_finished(c[2].parent.parent)]
     last = max(unfinished or candidates)[2]
     if unfinished:
-        holder = _continuing(last.parent.parent)
-        if holder is not None and holder.resolve() != here:  # refused before any folder
-            raise _claimed(last.parent.parent, holder)
+        refuse_claimed("true", last.parent.parent, here)  # refused before any folder
         check_checkpoint(last, cfg)
     return ResumePlan(last, (), not unfinished)
 
@@ -362,40 +364,114 @@ def _continued_runs(runs_root: Path) -> set[Path]:
     return found
 
 
-def _continuing(run: Path) -> Path | None:
-    """The live run folder that claimed the continuation of ``run`` (:data:`CONTINUED_FILE`),
-    or None: no claim, or its holder was removed (it failed before it produced anything)."""
+def _claim_of(run: Path) -> tuple[Path | None, bool]:
+    """(the folder named by ``run``'s claim, :data:`CONTINUED_FILE`; whether a live process
+    holds the claim's lock now). (None, False) without a readable claim."""
     try:
-        holder = Path((run / CONTINUED_FILE).read_text().strip())
-    except (OSError, UnicodeDecodeError):
+        with open(run / CONTINUED_FILE, "rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as it closes
+            except BlockingIOError:
+                live = True
+            else:
+                live = False
+            return _path_in(handle.read(4096)), live
+    except OSError:  # no claim, or one that cannot be read
+        return None, False
+
+
+def _path_in(content: bytes) -> Path | None:
+    """The folder a claim's bytes name, or None (empty, or not text)."""
+    try:
+        text = content.decode().strip()
+    except UnicodeDecodeError:
         return None
-    return holder if str(holder) and holder.is_dir() else None
+    return Path(text) if text else None
 
 
-def _claimed(run: Path, holder: Path) -> UserInputError:
+def _continuing(run: Path) -> tuple[Path, bool] | None:
+    """(the run folder that continues ``run``, whether its launch is running now), or None.
+
+    A claim counts while its launch runs (it holds the claim's lock; the OS releases it when
+    that process ends, also by ``kill -9``) and afterwards when its holder saved a checkpoint
+    (the run's later steps live there). A holder that ended before its first checkpoint
+    (killed, or its folder removed as empty) does not count: the run can be continued again.
+    """
+    holder, live = _claim_of(run)
+    if holder is None:
+        return None
+    if live:
+        return holder, True
+    return (holder, False) if _last_checkpoint(holder) is not None else None
+
+
+def _claimed(resume: Any, run: Path, holder: Path, live: bool) -> UserInputError:
+    if live:
+        return UserInputError(
+            f"resume={resume}: the run {run} is already being continued by {holder} (its "
+            "launch is running); a run is continued once (two continuations would fork it): "
+            "wait for that launch to end, then give this command again"
+        )
     return UserInputError(
-        f"resume=true: the run {run} is already being continued by {holder}; a run is "
-        f"continued once (two continuations would fork it): wait for that one, or continue "
-        f"it with resume={holder}"
+        f"resume={resume}: the run {run} was continued by {holder} already (its checkpoints "
+        f"hold the run's later steps); a run is continued once: go on from there with "
+        f"resume={holder}"
     )
 
 
-def claim_continuation(run_dir: Path, checkpoint: Path) -> None:
-    """Claim the continuation of ``checkpoint``'s run for ``run_dir``, atomically (O_EXCL, as
-    run folders are claimed): of two ``resume=true`` launches at once, exactly one continues
-    it and the other stops with one line. A claim whose holder folder is gone is taken over."""
+def refuse_claimed(resume: Any, run: Path, here: Path | None = None) -> None:
+    """One line (UserInputError) when ``run`` is being (or has been) continued by a run other
+    than ``here``: a run is continued once, by ``resume=true`` or ``resume=<run>`` alike."""
+    found = _continuing(run)
+    if found is not None and found[0].resolve() != here:
+        raise _claimed(resume, run, *found)
+
+
+# The claims this process holds, by the run folder continuing: their files stay open (and
+# locked) until :func:`release_continuation` or the process's end.
+_HELD: dict[Path, int] = {}
+CLAIM_TRIES = 10  # a probe of the claim (another launch's check) holds its lock for a moment
+
+
+def claim_continuation(run_dir: Path, checkpoint: Path, resume: Any = True) -> None:
+    """Claim the continuation of ``checkpoint``'s run for ``run_dir`` while this process runs
+    it: an exclusive lock on the run's :data:`CONTINUED_FILE`, which names ``run_dir``. Of two
+    launches that continue one run at once, by ``resume=true`` or ``resume=<run>``, exactly one
+    continues it and the other stops with one line. A claim whose launch ended before its
+    first checkpoint is taken over; nothing when the run is ``run_dir``'s own (a continued
+    sweep's job resumes in its own folder)."""
     run = checkpoint.parent.parent.resolve()
     here = Path(run_dir).resolve()
-    try:
-        fd = os.open(run / CONTINUED_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        holder = _continuing(run)
-        if holder is not None and holder.resolve() != here:
-            raise _claimed(run, holder) from None
-        write_text(f"{here}\n", run / CONTINUED_FILE)  # a stale claim
+    if run == here or here in _HELD:
         return
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{here}\n")
+    fd = os.open(run / CONTINUED_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        for attempt in range(CLAIM_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == CLAIM_TRIES - 1:
+                    holder = _claim_of(run)[0] or Path("another launch")
+                    raise _claimed(resume, run, holder, live=True) from None
+                time.sleep(0.02)
+        # No launch holds it now; an earlier holder that saved a checkpoint still counts.
+        previous = _path_in(os.pread(fd, 4096, 0))
+        if previous is not None and previous.resolve() != here and _last_checkpoint(previous):
+            raise _claimed(resume, run, previous, live=False)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{here}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    _HELD[here] = fd
+
+
+def release_continuation() -> None:
+    """End the claims this process holds (its run ended): what they continued is decided by
+    their folders from now on (a checkpoint saved, or none)."""
+    while _HELD:
+        os.close(_HELD.popitem()[1])
 
 
 def record_resume(run_dir: Path, checkpoint: Path) -> None:
