@@ -367,3 +367,33 @@ def test_a_binary_error_file_still_names_a_failed_run(tmp_path):
     (run.path / "error.txt").write_bytes(b"\xff\xfe boom\n")
     loaded = load_run(run.path)
     assert not loaded.ok and "boom" in loaded.error
+
+
+def test_one_outlier_bar_runs_to_the_edge_and_a_long_title_is_wrapped(tmp_path, monkeypatch):
+    # approx-error source=minilm at one budget: one head's exact pinv blew up (1.9e7) and the
+    # linear axis made every other bar vanish; the two-line title was clipped.
+    seen = {}
+    original = plots.save_figure
+
+    def capture(fig, path, dpi=120):
+        (ax,) = fig.axes
+        seen.update(
+            xlim=ax.get_xlim(),
+            widths=[p.get_width() for p in ax.patches],
+            texts=[t.get_text() for t in ax.texts],
+            title=fig._suptitle.get_text(),
+        )
+        return original(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    df = pd.DataFrame(
+        {"budget": 64, "line": ["nystrom", "nystrom, exact pinv", "linformer"],
+         "err": [0.12, 1.92e7, 0.3]}
+    )  # fmt: skip
+    title = "source: minilm, n=512\n" + "rivals run untrained (random projections); " * 4
+    plots.bar_panels(df, "budget", [("err", "mean error")], "line", tmp_path / "e.png", title)
+    assert seen["xlim"] == (0.0, pytest.approx(0.3 * 1.2))  # the others' scale
+    assert seen["widths"] == [0.12, 0.3, 0.3]  # the outlier's bar to the edge
+    assert "▶ 1.92e+07 " in seen["texts"] and " 0.12" in seen["texts"]
+    assert max(len(line) for line in seen["title"].splitlines()) <= 11 * 5.5
+    assert (tmp_path / "e.png").stat().st_size > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import textwrap
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from types import ModuleType
@@ -160,26 +161,48 @@ def bar_panels(
     number at the end: the figure for a single ``x`` value, where log-log lines would be one
     column of overlapping dots. The axis is linear from zero, so a bar's length is its value
     (on a log axis the bars started at an arbitrary floor and a 2x gap looked like 1.2x); the
-    numbers keep the short bars readable. A missing value (out of memory) gets no bar."""
+    numbers keep the short bars readable. A missing value (out of memory) gets no bar; a value
+    far beyond the others (over OUTLIER x their median: one blown-up pseudo-inverse in a
+    hundred heads) would flatten every other bar to nothing, so its bar runs to the edge, ▶,
+    with its number."""
     names = list(dict.fromkeys(df[line]))
     size = (5.5 * len(panels), 1.4 + 0.4 * len(names))
-    fig, axes = pyplot().subplots(1, len(panels), figsize=size, squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=size, squeeze=False, layout="constrained")
     for ax, (column, label) in zip(axes[0], panels, strict=True):
         values = df.groupby(line, sort=False)[column].first().reindex(names)
         rows = range(len(names))
-        ax.barh(rows, values, color=[row_style(i)["color"] for i in rows])
+        top = _bar_limit(values)
+        ax.barh(rows, values.clip(upper=top), color=[row_style(i)["color"] for i in rows])
         for row, value in zip(rows, values, strict=True):
-            if pd.notna(value):
+            if pd.notna(value) and value > top:
+                ax.text(top, row, f"▶ {value:.3g} ", va="center", ha="right", fontsize=8)
+            elif pd.notna(value):
                 ax.text(value, row, f" {value:.3g}", va="center", fontsize=8)
-        top = float(values.max()) if values.notna().any() else 1.0
         ax.set_xlim(0, top * 1.2)  # room for the number after the longest bar
         ax.set_yticks(list(rows), [str(n) for n in names], fontsize=8)
         ax.invert_yaxis()  # the first row on top, as in the tables
         ax.set_xlabel(label)
         ax.grid(True, axis="x", alpha=0.3)
     value = df[x].iloc[0]
-    fig.suptitle(f"{title} ({x} = {value})" if title else f"{x} = {value}")
+    text = f"{title} ({x} = {value})" if title else f"{x} = {value}"
+    # about 11 characters an inch at the title's size: wrapped, a long title is not clipped
+    wrapped = [textwrap.fill(part, width=int(11 * size[0])) for part in text.split("\n")]
+    fig.suptitle("\n".join(wrapped), fontsize=10)
     return save_figure(fig, path, dpi=120)
+
+
+OUTLIER = 20.0  # a bar this many times the median of the others is drawn to the edge
+
+
+def _bar_limit(values: pd.Series) -> float:
+    """Where a bar panel's axis ends: at its largest value, unless that is an outlier (over
+    OUTLIER x the median), then at the largest value that is not."""
+    present = values.dropna()
+    if present.empty:
+        return 1.0
+    median = float(present.median())
+    kept = present[present <= OUTLIER * median] if median > 0 else present
+    return float(kept.max() if len(kept) else present.max()) or 1.0
 
 
 def save_figure(fig: Figure, path: Path, dpi: int = 120) -> Path:
