@@ -105,3 +105,18 @@ def test_the_run_log_holds_progress_lines_and_the_result_table(run_nys, tmp_path
     assert f"approx-error {steps}/{steps}: head 2/2 uniform done" in log
     assert "‖SV−ŜV‖/‖SV‖" in log and "untrained: random projections" in log
     assert log.count("approx-error: approximation vs exact softmax attention") == 1
+
+
+def test_an_exact_pinv_that_blows_up_in_some_heads_is_noted() -> None:
+    # MiniLM at one budget: "… with exact pinv" read 1.92e+07 ± 2.3e+08 beside an output error
+    # of 0.1, with nothing saying why (a near-singular landmark kernel in a few heads).
+    from nyscli.experiments.approx_error import methods, summary
+
+    def row(**exact) -> pd.Series:
+        return pd.Series({"method": "nystrom", "output_error_mean": 0.1, **exact})
+
+    assert summary.row_note(row(exact_pinv_error_mean=1.92e7)) == "exact pinv unstable"
+    assert summary.row_note(row(exact_pinv_error_mean=0.9)) == ""  # 9x: not yet
+    assert summary.row_note(row(exact_pinv_error_mean=0.04)) == "pinv floor"
+    assert summary.row_note(row()) == ""  # exact pinv not measured
+    assert "near-singular" in methods.FOOTNOTES["exact pinv unstable"]

@@ -97,6 +97,10 @@ FOOTNOTES = {
     "query scoring the keys its nearest landmark favours, a narrow band, at the same budget",
     "pinv floor": "pinv floor: an exact pinv would more than halve the error; raise "
     "attention.pinv_iterations or set attention.pinv_tolerance",
+    "exact pinv unstable": "exact pinv unstable: '… with exact pinv' is over 10x the row's "
+    "error: in some heads the landmark kernel A is near-singular, and torch.linalg.pinv inverts "
+    "its tiny singular values, which swamp those heads' output (they make its mean and spread); "
+    "the iterative pinv stays bounded there",
 }
 # ``implied_columns`` sizes its core calls: one n x 4 d_v intermediate has about this many entries
 # (268 MB in float64). Wider calls repeat the q, k work fewer times: at the defaults (n = 4,096)

@@ -27,6 +27,8 @@ METRIC_LABELS = {
 }
 # The pinv is the floor when an exact pinv would more than halve Nyström's output error.
 PINV_FLOOR = 2.0
+# An exact pinv this many times worse than the iterative one: a near-singular A in some heads.
+PINV_UNSTABLE = 10.0
 
 
 @functools.lru_cache(maxsize=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from nyscli.experiments.approx_error.methods import NOTES
-from nyscli.experiments.approx_error.metrics import METRICS, PINV_FLOOR
+from nyscli.experiments.approx_error.metrics import METRICS, PINV_FLOOR, PINV_UNSTABLE
 
 # Columns that tell runs apart when several are stacked (``nys report``); kept when they vary.
 RUN_KEYS = ("job", "source", "seq_len")
@@ -76,8 +76,21 @@ def pinv_floor(row: pd.Series) -> bool:
     return bool(row["output_error_mean"] > PINV_FLOOR * exact)
 
 
+def exact_pinv_unstable(row: pd.Series) -> bool:
+    """Whether the exact pinv's output error is over PINV_UNSTABLE x the row's own: the
+    landmark kernel is near-singular in some heads, and the exact pinv's inverted tiny
+    singular values swamp their output (its mean is those heads')."""
+    exact = row.get("exact_pinv_error_mean")
+    if exact is None or pd.isna(exact):
+        return False
+    return bool(exact > PINV_UNSTABLE * row["output_error_mean"])
+
+
 def row_note(row: pd.Series) -> str:
-    """What a summary row is (untrained rival, trivial baseline, ...) or ``pinv floor``."""
+    """What a summary row is (untrained rival, trivial baseline, ...), ``pinv floor`` or
+    ``exact pinv unstable``."""
     if pinv_floor(row):
         return "pinv floor"
+    if exact_pinv_unstable(row):
+        return "exact pinv unstable"
     return NOTES.get(str(row["method"]).split(" (")[0], "")
