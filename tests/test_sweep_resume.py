@@ -166,6 +166,35 @@ def test_a_continued_sweep_refuses_other_values_and_a_missing_resume(stopped, tm
     assert files_of(stopped) == before
 
 
+def test_a_continuation_while_another_runs_the_sweep_says_only_that(stopped, tmp_path, capsys):
+    """Two identical continuations at once: the second printed "note: continuing the sweep
+    ..." and then the refusal (issue 61.4); the lock is now taken before the note, so the
+    loser prints the refusal alone and the winner's note is true. The other launch is a real
+    process holding the lock."""
+    import subprocess
+    import sys
+
+    before = files_of(stopped)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+         str(stopped / resume.LOCK_FILE)], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert sweep(tmp_path, "sweep", "resume=true")[0] == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    out = capsys.readouterr()
+    assert [line for line in (out.out + out.err).splitlines() if line.strip()] == [
+        f"error: the sweep in {stopped} is running in another launch (it holds "
+        f"{stopped / resume.LOCK_FILE}); wait for it to end, then continue it"
+    ]
+    assert files_of(stopped) == before
+
+
 def test_job_states_read_from_the_folders(tmp_path):
     """Finished, stopped at a checkpoint, failed, never started; a job that ran other
     overrides is a changed sweep."""

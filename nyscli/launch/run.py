@@ -124,13 +124,27 @@ class _Claim:
     made_parents: list[Path] = field(default_factory=list)  # the folders above it it created
     sweep_dir: Path | None = None
     earlier: set[Path] = field(default_factory=set)  # job folders the sweep folder already held
+    hold: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    holding: bool = False  # the sweep's lock is in ``hold`` already (a continued sweep)
 
-    def held(self) -> contextlib.AbstractContextManager[Any]:
+    def held(self) -> contextlib.ExitStack:
         """A grid sweep is held while it runs, so no other launch continues it meanwhile (a
-        search's study takes several workers by design)."""
-        if self.sweep_dir is None or self.plan is None or search.is_search(self.plan.hydra):
-            return contextlib.nullcontext()
-        return resume.held(self.sweep_dir)
+        search's study takes several workers by design); a continued sweep is held from
+        before its note is printed (:func:`_hold_continued`)."""
+        if self.holding or self.sweep_dir is None or self.plan is None:
+            return self.hold
+        if not search.is_search(self.plan.hydra):
+            self.hold.enter_context(resume.held(self.sweep_dir))
+        return self.hold
+
+
+def _hold_continued(plan: Plan) -> contextlib.ExitStack:
+    """The lock of the sweep that ``plan`` continues, taken before anything is said about it:
+    of two identical continuations at once, the second says only that the first runs it."""
+    hold = contextlib.ExitStack()
+    if plan.continued is not None:
+        hold.enter_context(resume.held(plan.continued.sweep_dir))
+    return hold
 
 
 def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
@@ -168,13 +182,19 @@ def _plan_and_claim(command: str, args: Any) -> _Claim:
     """Every job composed and checked (``plan_launch``), then the run or sweep folder claimed;
     a claim without a plan when there is nothing to run."""
     plan = plan_launch(command, list(args.overrides), bool(args.multirun), args.config_dir)
-    if plan.note:
-        console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
-    if plan.done:
-        console.print(escape(plan.done), highlight=False, soft_wrap=True)
-        return _Claim(plan.multirun)
-    args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
-    fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
+    hold = _hold_continued(plan)
+    try:
+        if plan.note:
+            console.print(f"note: {escape(plan.note)}", highlight=False, soft_wrap=True)
+        if plan.done:
+            console.print(escape(plan.done), highlight=False, soft_wrap=True)
+            hold.close()
+            return _Claim(plan.multirun)
+        args.overrides = [*args.overrides, *plan.pins]  # Hydra composes the run with them
+        fresh, made_parents, sweep_dir = claim_run_folder(command, args.overrides, plan)
+    except BaseException:
+        hold.close()
+        raise
     # A resumed search's sweep folder holds earlier jobs (one cut short), a continued sweep's
     # its finished ones: not this launch's.
     earlier: set[Path] = set()
@@ -182,7 +202,8 @@ def _plan_and_claim(command: str, args: Any) -> _Claim:
         earlier = set(plan.continued.finished)
     elif sweep_dir is not None:
         earlier = set(find_run_folders([sweep_dir]))
-    return _Claim(plan.multirun, plan, fresh, made_parents, sweep_dir, earlier)
+    holding = plan.continued is not None
+    return _Claim(plan.multirun, plan, fresh, made_parents, sweep_dir, earlier, hold, holding)
 
 
 def _discards(error: BaseException, claim: _Claim) -> bool:
