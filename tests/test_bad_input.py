@@ -454,6 +454,26 @@ def test_the_quoting_the_hint_gives_is_read_as_the_path(nys_here):
     assert "path: a(b) c=d.txt" in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("sweep", "said"),
+    [
+        ("seed=range(5,0)", "seed=range(5,0) is not allowed: it holds no value (it counts up "
+         "from 5 while below 0), so nothing would run; give range(0, 5)"),
+        ("seed=range(0,5,step=-1)", "give range(0, 5, step=1)"),
+        ("seed=range(0,10,step=0)", "its step is 0"),  # was a ValueError traceback
+    ],
+)  # fmt: skip
+def test_an_empty_sweep_is_one_line_and_no_folder(sweep, said, nys_here, tmp_path):
+    """``-m seed=range(5,0)`` used to exit 0 after "Launching 0 jobs", leaving a sweep folder
+    (issue 61.4); ``--cfg job`` says the same."""
+    for extra in ((), ("--cfg", "job")):
+        done = nys_here("approx-error", "-m", sweep, *extra)
+        line = (done.stdout + done.stderr).strip()
+        assert done.returncode == 2 and len(line.splitlines()) == 1, line
+        assert line.startswith(f"error: {sweep} is not allowed: ") and said in line, line
+        assert not (tmp_path / "outputs").exists()
+
+
 def test_a_report_over_no_runs_is_one_line_and_exit_2(nys_here, tmp_path):
     (tmp_path / "empty").mkdir()
     done = nys_here("report", "empty")

@@ -171,6 +171,43 @@ def test_search_settings_are_checked_before_any_folder(tmp_path, monkeypatch, ca
         assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize(
+    ("space", "said"),
+    [
+        ("trainer.lr=interval(1e-3,1e-5)", "its lower bound 0.001 is above its upper bound "
+         "1e-05; give interval(1e-05, 0.001)"),
+        ("trainer.lr=tag(log, interval(1e-3,1e-5))", "give interval(1e-05, 0.001)"),
+        ("trainer.warmup_steps=range(1000,0)", "it holds no value (it counts up from 1000 while "
+         "below 0), so nothing would run; give range(0, 1000)"),
+        ("trainer.lr=tag(log, interval(0, 1e-3))", "a log-scale interval needs a lower bound "
+         "above 0, not 0"),
+        ("trainer.warmup_steps=range(0,1000,step=0)", "its step is 0"),
+    ],
+)  # fmt: skip
+def test_a_space_with_reversed_or_empty_bounds_is_one_line_and_no_folder(
+    space, said, tmp_path, monkeypatch, capsys
+):
+    """The documented form with its bounds the wrong way round was a 76-line optuna traceback,
+    exit 1, and an empty multirun folder (issue 61.4)."""
+    monkeypatch.chdir(tmp_path)
+    assert launch("lra", ["hparams_search=lra_lr", "task=listops", space]) == 2
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith(f"error: {space} is not allowed: ") and said in line, line
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_range_counting_down_is_the_same_space_counted_up():
+    """``range(1000, 0, step=-100)`` holds 1000, 900, ..., 100: Optuna's distribution of those
+    values, not its ``low <= high`` traceback."""
+    from optuna.distributions import IntDistribution
+
+    from nyscli.launch.sweepers.optuna_search import search_space
+
+    space, _ = search_space(["a=range(1000,0,step=-100)", "b=range(0,1001,step=100)"])
+    assert space["a"] == IntDistribution(100, 1000, step=100)
+    assert space["b"] == IntDistribution(0, 1000, step=100)
+
+
 def test_a_space_given_under_hydra_sweeper_params_names_the_override_that_works(
     tmp_path, monkeypatch, capsys
 ):

@@ -26,7 +26,7 @@ from hydra._internal.utils import (
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ValueType
+from hydra.core.override_parser.types import IntervalSweep, RangeSweep, ValueType
 from hydra.errors import HydraException, MissingConfigException
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
@@ -241,6 +241,48 @@ def _refuse_search_params(overrides: list[str]) -> None:
         )
 
 
+def _no_values(sweep: Any, in_search: bool) -> str | None:
+    """Why a sweep value cannot be swept, or None: a range that holds no value (Hydra would
+    launch 0 jobs and exit 0) or steps by 0; in a search, an interval whose bounds are
+    reversed or, on a log scale, not above 0 (Optuna refuses it in a traceback)."""
+    if isinstance(sweep, RangeSweep):
+        start, stop, step = sweep.start, sweep.stop, sweep.step
+        if step == 0:
+            return "its step is 0; give a step above 0 to count up or below 0 to count down"
+        if (step > 0 and start >= stop) or (step < 0 and start <= stop):
+            if step > 0:
+                counts, instead = f"up from {start} while below {stop}", f"range({stop}, {start})"
+            else:
+                counts = f"down from {start} while above {stop}"
+                instead = f"range({start}, {stop}, step={-step})"
+            return f"it holds no value (it counts {counts}), so nothing would run; give {instead}"
+        return None
+    if not (in_search and isinstance(sweep, IntervalSweep)):
+        return None
+    if sweep.start > sweep.end:
+        return (
+            f"its lower bound {sweep.start} is above its upper bound {sweep.end}; give "
+            f"interval({sweep.end}, {sweep.start})"
+        )
+    if "log" in sweep.tags and sweep.start <= 0:
+        return f"a log-scale interval needs a lower bound above 0, not {sweep.start}"
+    return None
+
+
+def _refuse_unsweepable(node: DictConfig, overrides: list[str]) -> None:
+    """One line, before any folder exists, for a sweep value that cannot be swept
+    (:func:`_no_values`): in the command line's overrides or the preset's
+    ``hydra.sweeper.params`` (a search's space, ``experiment=table3_cpu``'s grid)."""
+    sweeper = node.get("sweeper")
+    params = (sweeper.get("params") if sweeper is not None else None) or {}
+    lines = [*(f"{k}={v}" for k, v in params.items()), *_task_overrides(overrides)]
+    in_search = search.is_search(node)
+    for override in OverridesParser.create().parse_overrides(lines):
+        problem = _no_values(override.value(), in_search) if override.is_sweep_override() else None
+        if problem:
+            raise UserInputError(f"{override.input_line} is not allowed: {problem}")
+
+
 def is_sweep(overrides: list[str]) -> bool:
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
@@ -330,6 +372,7 @@ def _plan(
             "(a list value is written key=[a,b])"
         )
     search.check_sweeper(node)  # hparams_search=: its settings, optuna installed
+    _refuse_unsweepable(node, overrides)  # seed=range(5,0): no job; a reversed interval
     # A command may add overrides to every job of a sweep (bench: attention_set=none).
     pins_of = getattr(module, "sweep_pins", None)
     pins, pinned = pins_of(_task_overrides(overrides)) if pins_of else ((), None)

@@ -55,8 +55,11 @@ def distribution(override: Override) -> BaseDistribution:
     if isinstance(sweep, RangeSweep):
         start, stop, step = sweep.start, sweep.stop, sweep.step
         if all(isinstance(v, int) for v in (start, stop, step)):
-            # range() excludes its stop: the last value is the highest start + k * step < stop.
-            return IntDistribution(start, start + (stop - 1 - start) // step * step, step=step)
+            # range() excludes its stop; one counting down holds the same values counted up
+            # (empty ranges and step 0 are refused before the search starts).
+            values = range(start, stop, step)
+            low, high = min(values[0], values[-1]), max(values[0], values[-1])
+            return IntDistribution(low, high, step=abs(step))
         return CategoricalDistribution(list(override.sweep_iterator()))
     if isinstance(sweep, ChoiceSweep):
         return CategoricalDistribution(list(override.sweep_iterator()))
