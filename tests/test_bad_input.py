@@ -437,6 +437,11 @@ def test_a_sweep_with_failed_jobs_exits_1_with_one_line_and_no_traceback(
         (["data.path=my", "file.txt"], "for your shell: \"data.path=my file.txt\""),
         (["data.path=a(b).txt"], "inside the shell's quotes: \"data.path='a(b).txt'\""),
         (["seq_len=16", "data.path=x=y"], "\"data.path='x=y'\""),
+        # Letters outside ASCII: Hydra's raw "LexerNoViableAltException: ... ^" (issue 61.4)
+        (["hydra.run.dir=outputs/ünïrun"], "no character outside ASCII (ü, ï) in an unquoted "
+         "value; quote the value inside the shell's quotes: \"hydra.run.dir='outputs/ünïrun'\""),
+        (["data.path=résumé.txt"], "\"data.path='résumé.txt'\""),
+        (["ü=3"], "a key is written in ASCII letters, digits, _ and . (not ü)"),
     ],
 )  # fmt: skip
 def test_a_path_hydra_cannot_parse_says_how_to_quote_it(
@@ -452,6 +457,9 @@ def test_the_quoting_the_hint_gives_is_read_as_the_path(nys_here):
     done = nys_here("approx-error", "data.path='a(b) c=d.txt'", "--cfg", "job")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "path: a(b) c=d.txt" in done.stdout
+    done = nys_here("approx-error", "hydra.run.dir='outputs/ünïrun'", "--cfg", "hydra")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dir: outputs/ünïrun" in done.stdout
 
 
 @pytest.mark.parametrize(

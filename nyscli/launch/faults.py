@@ -85,7 +85,7 @@ def as_typed(message: str, typed: dict[str, str]) -> str:
 
 
 _GRAMMAR_ERRORS = ("mismatched input", "token recognition error", "no viable alternative",
-                   "extraneous input", "missing EQUAL")  # fmt: skip
+                   "extraneous input", "missing EQUAL", "LexerNoViableAltException")  # fmt: skip
 
 
 def _first_unparsable(overrides: list[str]) -> int | None:
@@ -100,8 +100,9 @@ def _first_unparsable(overrides: list[str]) -> int | None:
 
 def parse_hint(message: str, overrides: list[str]) -> str:
     """Hydra's override-grammar error, said as what to type: which argument it could not
-    parse, and how to quote a path with spaces (the shell splits it) or with ``(),[]{}=``
-    (Hydra's grammar reads them)."""
+    parse, and how to quote a path with spaces (the shell splits it), with ``(),[]{}=``
+    (Hydra's grammar reads them) or with letters outside ASCII (its grammar reads none
+    unquoted)."""
     if not any(marker in message for marker in _GRAMMAR_ERRORS):
         return message
     index = _first_unparsable(overrides)
@@ -115,6 +116,18 @@ def parse_hint(message: str, overrides: list[str]) -> str:
             f'before it, quote the whole override for your shell: "{whole}"'
         )
     key, _, value = override.partition("=")
+    foreign = ", ".join([c for c in dict.fromkeys(override) if not c.isascii()][:3])
+    if foreign and not key.isascii():
+        return (
+            f"cannot read {override}: a key is written in ASCII letters, digits, _ and . "
+            f"(not {foreign}); --cfg job shows the keys"
+        )
+    if foreign:
+        return (
+            f"cannot read {override}: Hydra's grammar reads no character outside ASCII "
+            f"({foreign}) in an unquoted value; quote the value inside the shell's quotes: "
+            f"\"{key}='{value}'\""
+        )
     return (
         f"cannot read {override}: Hydra's grammar reads ( ) [ ] {{ }} , = and quotes in a "
         f"value; quote the value inside the shell's quotes: \"{key}='{value}'\""
