@@ -566,11 +566,38 @@ def test_approx_error_sizes_beyond_the_machine_are_one_line_before_any_allocatio
 
 def test_the_memory_estimate_is_above_the_measured_peak_and_not_far_above():
     """n = 2048, 2 heads, smooth, the default methods, fp64: 1.12 GB peak RSS measured on a
-    2-core CPU (``/usr/bin/time -f %M nys approx-error seq_len=2048 heads=2``)."""
+    2-core CPU (``/usr/bin/time -f %M nys approx-error seq_len=2048 heads=2``); n = 128,
+    ``budget_unit=pairs -b 100000`` (Performer's 100,000 features): 1.09 GB."""
     from nyscli.experiments.approx_error import memory
 
     estimate = memory.estimated_bytes("smooth", 2048, 2, 64, 2, 64.0, 64, 8, True, True)
     assert 1.12 * 2**30 < estimate < 1.5 * 1.12 * 2**30
+    estimate = memory.estimated_bytes("smooth", 128, 4, 64, 2, 64.0, 100000, 8, True, True)
+    assert 1.09 * 2**30 < estimate < 1.5 * 1.09 * 2**30
+
+
+def test_a_budget_past_n_costs_what_exact_attention_costs(tmp_path, monkeypatch):
+    """``approx-error budget_unit=pairs -b 100000`` at n = 128 was refused as needing 299 GB
+    (m x m blocks of m = 100,000), while every method but Linformer and Performer is exact
+    attention at m >= n (issue 61.4): the check passes, and without those two any budget
+    costs what m = n costs."""
+    from nyscli.experiments.approx_error import memory
+    from nyscli.launch.plan import plan_launch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 2**30)
+    plan_launch("approx_error", ["budget_unit=pairs", "budgets=100000", "seq_len=128"], False)
+    exact = ["nystrom", "longformer", "nystrom_local"]
+
+    def estimate(m: int) -> int:
+        return memory.estimated_bytes("smooth", 128, 4, 64, 2, 64.0, m, 8, True, True, exact)
+
+    assert estimate(1000) == estimate(100000) == estimate(10**11) == estimate(128)
+    huge = ["budget_unit=pairs", "budgets=100000000000", "seq_len=128"]
+    plan_launch("approx_error", [*huge, f"methods=[{','.join(exact)}]"], False)
+    with pytest.raises(UserInputError, match="budgets up to 100000000000"):
+        plan_launch("approx_error", huge, False)  # Performer's 10^11 features: refused
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_a_file_that_cannot_be_created_is_named_not_its_temp_file():

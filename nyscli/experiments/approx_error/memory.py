@@ -10,15 +10,21 @@ The estimate follows what the command holds at once, in bytes of its dtype ``b``
 - per head, the exact matrix S, its softmax and an approximation's implied matrix when they
   are formed (n^2 b each: ``max_matrix_mb``), and the SVD baseline's factors (3 n^2 b);
 - the largest method at the largest budget m: a few n x m and m x m blocks, and Linformer's
-  two m x n projections.
+  two m x n projections (float32 parameters, copied to the dtype). A budget m >= n is exact
+  attention for every method but Linformer and Performer (Nyström's m >= n, a window or band
+  over the whole sequence, the SVD's full rank): without those two, m counts as n; m x m
+  blocks (Nyström's kernel and pinv) never exceed n x n.
 Measured on a 2-core CPU (n = 2048, 2 heads, smooth, the default methods): 1.12 GB peak RSS,
-estimate 1.33 GB (with the interpreter's ~0.25 GB). It errs high: a run it lets through fits.
+estimate 1.19 GB (with the interpreter's ~0.25 GB); n = 128, ``budget_unit=pairs -b 100000``
+(Performer's 100,000 features): 1.09 GB, estimate 1.15 GB. It errs high: a run it lets
+through fits.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -31,6 +37,8 @@ MINILM_SHAPE = (6, 12, 32)
 INTERPRETER_BYTES = 300 * 2**20  # python, torch and the rest before any tensor
 BLOCKS_PER_METHOD = 6  # n x m blocks a method holds at once (kernels, features, products)
 USABLE = 0.9  # of the available memory: the page cache and other processes need some
+# Methods whose n x m blocks keep growing with a budget past n (k projected keys, m features).
+PAST_N = ("linformer", "performer")
 
 
 def estimated_bytes(
@@ -44,8 +52,9 @@ def estimated_bytes(
     itemsize: int,
     with_matrix: bool,
     with_svd: bool,
+    methods: Sequence[str] = PAST_N,
 ) -> int:
-    """The peak bytes of one approx-error run (module docstring)."""
+    """The peak bytes of one approx-error run (module docstring) of ``methods``."""
     if source in ("minilm", "checkpoint"):
         layers, heads, head_dim = MINILM_SHAPE  # a checkpoint is priced as MiniLM's size
         inputs = layers * max_sequences * heads * n * head_dim * 3 * 8
@@ -57,8 +66,10 @@ def estimated_bytes(
     matrices = (3 * n * n * itemsize if with_matrix else 0) + (
         3 * n * n * itemsize if with_svd else 0
     )
-    m = max_budget
-    method = (BLOCKS_PER_METHOD * n * m + 4 * m * m + 2 * m * n) * itemsize
+    m = max_budget if set(methods) & set(PAST_N) else min(max_budget, n)
+    square = min(max_budget, n)
+    projections = 2 * m * n * (4 + itemsize)  # Linformer's E, F in fp32 and their copies
+    method = (BLOCKS_PER_METHOD * n * m + 4 * square * square) * itemsize + projections
     return INTERPRETER_BYTES + inputs + max(generation, matrices + method)
 
 
@@ -101,7 +112,7 @@ def estimated_peak(cfg: DictConfig) -> int:
     with_svd = "svd" in cfg.baselines and with_matrix and n <= cfg.svd_max_seq_len
     return estimated_bytes(
         str(cfg.source), n, int(cfg.heads), int(cfg.head_dim), int(cfg.max_sequences),
-        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd,
+        float(cfg.correlation_length), m, itemsize, with_matrix, with_svd, list(cfg.methods),
     )  # fmt: skip
 
 
