@@ -455,5 +455,5 @@ def render(df: pd.DataFrame) -> RenderableType:
     return Group(
         Text(caption, style="italic"),
         _table(df, "peak_mb", "Peak memory (MB)", base_rows),
-        _table(df, "time_ms", "Time (ms, median)", base_rows),
+        _table(df, "time_ms", "Time (ms, lower quartile)", base_rows),
     )
