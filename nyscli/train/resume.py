@@ -264,9 +264,9 @@ def plan_resume(
         )
     finished = is_finished(run)
     if not finished:
-        refuse_claimed(resume, run, here)  # continued by another launch: one line, no folder
         check_checkpoint(checkpoint, cfg)  # a truncated or foreign file: one line now, not
         # after the data
+        refuse_claimed(resume, run, here)  # continued by another launch: one line, no folder
     return ResumePlan(checkpoint, tuple(changes), finished)
 
 
