@@ -37,7 +37,8 @@ from nyscli.train.errors import CheckpointError
 
 RESUME_CHANGES = ("refuse", "allow")
 RESUMED_FROM_FILE = "resumed_from.txt"  # in a resumed run: the folder of the run it continues
-# In a run that resume=true continues: the folder of the run continuing it, created exclusively.
+# In a run being continued (resume=true or resume=<run>): the folder of the run continuing it,
+# locked by that launch while it runs (:func:`claim_continuation`).
 CONTINUED_FILE = ".nys-continued"
 # Keys that say how to run, not what to train: they may differ between a run and its resume.
 RUN_CONTROL = (
