@@ -388,3 +388,36 @@ def test_a_continuation_killed_before_its_first_checkpoint_leaves_the_run_contin
     onward = run_nys("lra", *args, f"resume={third.resolve()}", "trainer.stop_at_step=4")
     assert onward.returncode == 0, onward.stdout + onward.stderr
     assert len(run_folders(tmp_path / "outputs" / "lra")) == 4
+
+
+def test_a_claim_ends_with_its_launch_not_with_a_child_it_forked(tmp_path):
+    """A lock on a file is shared with forked children (a data generator's pool): the claim
+    must not outlive a killed launch in an orphaned worker."""
+    from nyscli.train.resume import _continuing
+
+    run, here = tmp_path / "run", tmp_path / "continuing"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    here.mkdir()
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from nyscli.train.resume import claim_continuation\n"
+        f"claim_continuation(Path({str(here)!r}), Path({str(run)!r}) / 'checkpoints' / 'last.pt')\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline())
+    try:
+        assert _continuing(run) == (here.resolve(), True)
+        holder.kill()  # kill -9 of the launch; its forked child lives on
+        holder.wait()
+        os.kill(child, 0)  # still there
+        assert _continuing(run) is None  # no checkpoint in the holder: the run is free again
+    finally:
+        os.kill(child, signal.SIGKILL)

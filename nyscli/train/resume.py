@@ -475,6 +475,11 @@ def release_continuation() -> None:
         os.close(_HELD.popitem()[1])
 
 
+# A forked child (a data generator's pool) shares the claim's lock until it closes its copy:
+# it closes it at once, so the claim ends with the launch, not with an orphaned worker.
+os.register_at_fork(after_in_child=release_continuation)
+
+
 def record_resume(run_dir: Path, checkpoint: Path) -> None:
     """Name, in ``run_dir``, the run that ``checkpoint`` (its last.pt) belongs to; nothing when
     it is ``run_dir``'s own (a continued sweep's job resumes in its own folder)."""
