@@ -346,7 +346,9 @@ def pretrain(
 @app.command(context_settings=HYDRA_COMMAND)
 def finetune(
     overrides: FinetuneOverrides = None,
-    task: Annotated[str | None, typer.Option(help="sst2, mrpc, qnli, qqp, mnli or imdb.")] = None,
+    task: Annotated[
+        str | None, typer.Option(help="sst2, mrpc, qnli, qqp, mnli, imdb or csv (your own file).")
+    ] = None,
     init: Annotated[
         str | None,
         typer.Option(

@@ -36,12 +36,17 @@ class TextExamples:
     """One split of a text classification task.
 
     text_a: first texts (n,); text_b: second texts (n,) for sentence pairs, else None;
-    labels: (n,) int64 class ids, or None for an unlabelled split (GLUE test files).
+    labels: (n,) int64 class ids, or None for an unlabelled split (GLUE test files);
+    classes: the label names in id order where the data brings them (a table file's,
+    :mod:`nyscli.data.table`), else None (the task's own); rows: (n,) int64 each example's
+    row in the file it was read from (from 0), where known.
     """
 
     text_a: list[str]
     text_b: list[str] | None
     labels: np.ndarray | None
+    classes: tuple[str, ...] | None = None
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.text_a)
@@ -53,6 +58,8 @@ class TextExamples:
             [self.text_a[i] for i in pick],
             None if self.text_b is None else [self.text_b[i] for i in pick],
             None if self.labels is None else self.labels[pick],
+            self.classes,
+            None if self.rows is None else self.rows[pick],
         )
 
 

@@ -21,7 +21,7 @@ from rich.markup import escape
 from nyscli.attention import available, pairs_per_query
 from nyscli.checkpoints.hf_import import check_checkpoint_spec, is_checkpoint_spec
 from nyscli.console import heartbeat
-from nyscli.data.common import read_text_file
+from nyscli.data.table import is_table
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.approx_error import cache as source_cache
@@ -41,6 +41,7 @@ from nyscli.experiments.approx_error.settings import (
 )
 from nyscli.experiments.approx_error.summary import per_layer
 from nyscli.experiments.approx_error.tables import budget_symbol, render
+from nyscli.experiments.approx_error.texts import file_text
 from nyscli.train.resources import resolve_device
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ RULES: dict[str, schema.Rule] = {
     "checkpoint": schema.Text(null=True),
     "fidelity.path": schema.Text(null=True),
     "fidelity.max_texts": schema.Int(low=2),
+    "task.text_column": schema.Text(),
 }
 
 # One item of methods / baselines (the lists may be empty, and repeat a name).
@@ -116,6 +118,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.source == "checkpoint":
         if cfg.data.path is not None and not Path(cfg.data.path).is_file():
             raise UserInputError(f"data.path={cfg.data.path} is not a readable file")
+        if cfg.data.path is not None and is_table(str(cfg.data.path)):
+            file_text(cfg, str(cfg.data.path), "data.path", text_bytes(cfg))
         spec = str(cfg.checkpoint)
         if is_checkpoint_spec(spec):
             check_checkpoint_spec(spec, "checkpoint")
@@ -130,7 +134,7 @@ def validate(cfg: DictConfig) -> None:
                 f"the model reads at most {sources.MINILM_MAX_TOKENS} tokens"
             )
         if cfg.data.path is not None:
-            read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
+            file_text(cfg, str(cfg.data.path), "data.path", text_bytes(cfg))
         hint = sources.minilm_missing()
         if hint:
             raise UserInputError(hint)
@@ -138,13 +142,14 @@ def validate(cfg: DictConfig) -> None:
 
 
 def source_text(cfg: DictConfig) -> str | None:
-    """The text a real model reads (``data.path``, else the built-in sample); None for the
+    """The text a real model reads (``data.path``: a text file, or a table file's
+    ``task.text_column`` joined by blank lines; else the built-in sample); None for the
     synthetic sources."""
     if cfg.source in ("gaussian", "smooth"):
         return None
     if cfg.data.path is None:
         return SAMPLE_TEXT
-    return read_text_file(Path(cfg.data.path), "data.path", limit_bytes=text_bytes(cfg))
+    return file_text(cfg, str(cfg.data.path), "data.path", text_bytes(cfg))
 
 
 def load_inputs(cfg: DictConfig, text: str | None = None) -> list[sources.AttentionInputs]:

@@ -15,7 +15,8 @@ is compared with the same encoder's under its own attention:
   moved down a place or lost altogether.
 
 Uniform attention (every query gets the mean of V) is the trivial baseline. The run's side is
-here too: ``fidelity.path``'s texts read and checked, the checkpoint's encoder loaded, and
+here too: ``fidelity.path``'s texts read and checked (a text file's paragraphs, or a table
+file's ``task.text_column``, one text a row), the checkpoint's encoder loaded, and
 ``fidelity.csv`` with its table.
 """
 
@@ -37,9 +38,11 @@ from torch import Tensor, nn
 from nyscli.console import heartbeat
 from nyscli.data.common import pad_batch, read_text_file
 from nyscli.data.pairs import layout
+from nyscli.data.table import is_table
 from nyscli.errors import UserInputError
 from nyscli.experiments.approx_error.progress import log_to_file
 from nyscli.experiments.approx_error.settings import DTYPES, TEXT_BYTES_PER_TOKEN, seq_len
+from nyscli.experiments.approx_error.texts import table_texts
 from nyscli.files import atomic_writer
 
 log = logging.getLogger(__name__)
@@ -154,20 +157,24 @@ def fidelity(
 
 
 def fidelity_texts(cfg: DictConfig) -> list[str]:
-    """The texts of ``fidelity.path`` (paragraphs, at most ``fidelity.max_texts``); one-line
-    errors for a run that cannot have them."""
+    """The texts of ``fidelity.path`` (paragraphs of a text file, or the rows of a table
+    file's ``task.text_column``; at most ``fidelity.max_texts``); one-line errors for a run
+    that cannot have them."""
     if cfg.source != "checkpoint":
         raise UserInputError(
             f"fidelity.path={cfg.fidelity.path} needs source=checkpoint (an encoder whose "
             f"embeddings to compare); source={cfg.source} has none"
         )
-    limit = TEXT_BYTES_PER_TOKEN * seq_len(cfg) * int(cfg.fidelity.max_texts)
-    text = read_text_file(Path(cfg.fidelity.path), "fidelity.path", limit_bytes=limit)
-    texts = paragraphs(text, int(cfg.fidelity.max_texts))
+    count, path = int(cfg.fidelity.max_texts), str(cfg.fidelity.path)
+    if is_table(path):
+        texts = table_texts(cfg, path, "fidelity.path", count, TEXT_BYTES_PER_TOKEN * seq_len(cfg))
+    else:
+        limit = TEXT_BYTES_PER_TOKEN * seq_len(cfg) * count
+        texts = paragraphs(read_text_file(Path(path), "fidelity.path", limit_bytes=limit), count)
     if len(texts) < 2:
         raise UserInputError(
             f"fidelity.path={cfg.fidelity.path} holds {len(texts)} text; nearest neighbours "
-            "need at least 2 (texts are separated by blank lines)"
+            "need at least 2 (texts are separated by blank lines, or one a row of a table)"
         )
     return texts
 

@@ -30,6 +30,7 @@ from nyscli.attention import attention_label
 from nyscli.checkpoints.capture import names_attention
 from nyscli.checkpoints.hf_import import is_checkpoint_spec
 from nyscli.checkpoints.pretrained import resolve_pretrained
+from nyscli.data.glue import GLUE_TASKS
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
@@ -37,10 +38,10 @@ from nyscli.experiments import schema, training
 from nyscli.experiments.finetune.evaluate import (
     DEPLOYMENT_PLOT,
     by_length,
+    check_evaluated_data,
     deployment_plot,
     deployment_table,
     evaluate_only,
-    run_config,
 )
 from nyscli.experiments.finetune.model import (
     SCRATCH,
@@ -54,12 +55,16 @@ from nyscli.experiments.finetune.model import (
     starting_point,
 )
 from nyscli.experiments.finetune.tasks import (
+    CSV,
     TASKS,
+    TEST_TASKS,
     ClassificationObjective,
+    csv_files,
     dev_splits,
     load_examples,
     metric_names,
     num_classes,
+    record_csv,
     seeded_subset,
 )
 from nyscli.experiments.training import preflight, resume_pins
@@ -80,12 +85,19 @@ RULES: dict[str, schema.Rule] = {
     "task.dev_examples": schema.OPTIONAL_COUNT,
     "task.test_examples": schema.OPTIONAL_COUNT,
     "task.train_examples": schema.OPTIONAL_COUNT,
+    "task.dev_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "task.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "task.text_column": schema.Text(),
+    "task.text_pair_column": schema.Text(null=True),
+    "task.label_column": schema.Text(),
     "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
     "init": schema.Text(),
     "eval_only": schema.Text(null=True),
     "scratch.like": schema.Text(null=True),
     "scratch.tokenizer": schema.Text(),
     "data.path": schema.Text(null=True),
+    "data.dev_path": schema.Text(null=True),
+    "data.test_path": schema.Text(null=True),
     "epochs": schema.Float(low=0.0, low_open=True),
     "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
     "conv_fit_examples": schema.Int(low=0),
@@ -93,7 +105,8 @@ RULES: dict[str, schema.Rule] = {
 
 
 def validate(cfg: DictConfig) -> None:
-    """Cheap checks of every value (no data or weights are read)."""
+    """Cheap checks of every value (no weights are read; of the data only a csv task's table
+    files, which are read and checked whole: a bad file is refused before any folder exists)."""
     if cfg.task.name not in TASKS:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
@@ -103,15 +116,32 @@ def validate(cfg: DictConfig) -> None:
     training.check_device(cfg, training.trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
     check_conv_fit(cfg, names_attention(current_overrides()))
     if cfg.get("eval_only"):
-        run_config(Path(str(cfg.eval_only)))
+        check_evaluated_data(cfg)
         training.check_attention(cfg)
-    elif str(cfg.init) != SCRATCH:
+        return
+    if str(cfg.init) != SCRATCH:
         check_init(str(cfg.init))
         training.check_attention(cfg)
     elif cfg.scratch.like:
         pretrained_folder(str(cfg.scratch.like), "scratch.like")
     else:
         training.check_attention(cfg)
+    if cfg.task.name == CSV:
+        check_csv(cfg)
+
+
+def check_csv(cfg: DictConfig) -> None:
+    """A csv task's files read and checked (columns, rows, classes, encoding, empty labels;
+    the split's sizes): each problem one line, before the run folder exists."""
+    files = csv_files(cfg)
+    drawn = [s for s in ("dev", "test") if not files[s]]
+    total = sum(float(cfg.task[f"{s}_fraction"]) for s in drawn)
+    if len(drawn) == 2 and total >= 1:
+        raise UserInputError(
+            f"task.dev_fraction={cfg.task.dev_fraction} and task.test_fraction="
+            f"{cfg.task.test_fraction} leave nothing to train on; their sum must be below 1"
+        )
+    load_examples(cfg.task, cfg.data.path, int(cfg.seed), files=files)
 
 
 def planned_steps(cfg: DictConfig, train_examples: int, batch_size: int) -> int:
@@ -140,8 +170,9 @@ def init_label(source: str) -> str:
     return "/".join(parts[-2:]) if parts[-1] == "pretrained" else parts[-1]
 
 
-def start_model(cfg: DictConfig) -> tuple[StartingPoint, BertClassifier]:
-    """The encoder the run starts from (logged) and the classifier around it."""
+def start_model(cfg: DictConfig, classes: int) -> tuple[StartingPoint, BertClassifier]:
+    """The encoder the run starts from (logged) and the classifier around it (``classes``
+    outputs)."""
     start: StartingPoint = starting_point(
         cfg, selected_attention(cfg, names_attention(current_overrides()))
     )
@@ -151,8 +182,7 @@ def start_model(cfg: DictConfig) -> tuple[StartingPoint, BertClassifier]:
     if start.extended_from:
         log.info("positions %d..%d copied from 0..%d", start.extended_from,
                  int(cfg.task.max_len) - 1, start.extended_from - 1)  # fmt: skip
-    task = str(cfg.task.name)
-    model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
+    model = BertClassifier(start.encoder, classes, start.encoder.config.dropout)
     if start.pooler is not None:  # an imported checkpoint's pooler; the classifier is new
         model.pooler.load_state_dict(start.pooler)
     return start, model
@@ -160,7 +190,8 @@ def start_model(cfg: DictConfig) -> tuple[StartingPoint, BertClassifier]:
 
 def load_splits(cfg: DictConfig) -> dict[str, Any]:
     """The task's examples (train and test as seeded subsets where asked)."""
-    examples = load_examples(cfg.task, cfg.data.path, int(cfg.seed))
+    files = csv_files(cfg) if cfg.task.name == CSV else None
+    examples = load_examples(cfg.task, cfg.data.path, int(cfg.seed), files=files)
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], cfg.task.get("test_examples"))
     examples["train"] = seeded_subset(examples["train"], cfg.task.get("train_examples"))
@@ -234,7 +265,10 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     # The data is read before the model is loaded, so a bad data.path is refused alone, before
     # the init= line and the seconds a pretrained model takes to load.
     examples = load_splits(cfg)
-    start, model = start_model(cfg)
+    classes = num_classes(task, examples["train"])
+    if task == CSV and distributed.is_main():
+        record_csv(run_dir, str(cfg.task.label_column), examples, csv_files(cfg))
+    start, model = start_model(cfg, classes)
     max_len = int(cfg.task.max_len)
     encoded = encode_splits(cfg, start, examples)
     collate = PairCollate(max_len, start.tokenizer.pad_id)
@@ -255,11 +289,9 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     eval_size = settings.eval_batch_size or batch_size
     devs = dev_splits(task)
     dev = eval_batches(by_length(encoded[devs[0]], settings.eval_examples), eval_size, collate)
-    dev_balance = training.class_balance(
-        "dev subset", dataset_labels(dev.dataset), num_classes(task)
-    )
+    dev_balance = training.class_balance("dev subset", dataset_labels(dev.dataset), classes)
     reported = "test" if "test" in encoded else devs[0]  # the split Table 2 reports
-    balance = training.class_balance(f"{reported} set", encoded[reported].labels, num_classes(task))
+    balance = training.class_balance(f"{reported} set", encoded[reported].labels, classes)
     fit = trainer.fit(train, dev, plan.checkpoint)
     # A capped run's final dev and test evaluations see at most the examples it trained on.
     final, test = final_scores(trainer, fit, encoded, devs, lambda d: eval_batches(
@@ -317,7 +349,7 @@ def _score_column(r: Any) -> str:
     """The results column :func:`_score` reads for row ``r``."""
     if r.task in ("mrpc", "qqp"):
         return "dev_f1"
-    return "test_accuracy" if r.task == "imdb" else "dev_accuracy"
+    return "test_accuracy" if r.task in TEST_TASKS else "dev_accuracy"
 
 
 def _cell(r: Any) -> str:
@@ -355,7 +387,7 @@ def _runs_table(df: pd.DataFrame) -> Table:
 
 def table2(df: pd.DataFrame) -> Table:
     """Rows (init, attention) x task columns (paper order); a cell is the best run's score."""
-    order = [*TASKS[:-1], "imdb", "imdb@1024"]
+    order = [*GLUE_TASKS, "imdb", "imdb@1024", CSV]
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in df.itertuples():
         score = _score(r)

@@ -30,6 +30,7 @@ from torch.utils.data import Subset
 
 from nyscli.attention import attention_label, pairs_per_query
 from nyscli.checkpoints.capture import names_attention
+from nyscli.data.glue import TextExamples
 from nyscli.data.pairs import EncodedExamples, PairCollate, encode_examples
 from nyscli.data.subsets import ClassBalance, subset_indices
 from nyscli.errors import UserInputError
@@ -40,11 +41,15 @@ from nyscli.experiments.finetune.model import (
     starting_point,
 )
 from nyscli.experiments.finetune.tasks import (
+    CSV,
     ClassificationObjective,
+    csv_files,
     dev_splits,
     load_examples,
     metric_names,
     num_classes,
+    record_csv,
+    recorded_classes,
     seeded_subset,
 )
 from nyscli.experiments.renamed import upgrade_recorded
@@ -71,7 +76,7 @@ from nyscli.train import (
 DEPLOYMENT_PLOT = "deployment.png"
 PREDICTIONS = "predictions.csv"
 # Keys of the current command line that may differ from the evaluated run's config.
-OWN_KEYS = ("task.test_examples", "data.path")
+OWN_KEYS = ("task.test_examples", "data.path", "data.dev_path", "data.test_path")
 
 
 def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
@@ -92,6 +97,30 @@ def run_config(folder: Path) -> tuple[DictConfig, list[str]]:
     overrides_file = folder / ".hydra" / "overrides.yaml"
     overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
     return cfg, overrides  # type: ignore[return-value]
+
+
+def evaluated_examples(
+    cfg: DictConfig, folder: Path
+) -> tuple[dict[str, TextExamples], DictConfig, list[str]]:
+    """The examples ``eval_only=<folder>`` evaluates (a csv run's files read with the label
+    mapping it recorded), the run's config with this command line's own keys, and the run's
+    overrides; one-line errors for a folder or data that cannot be evaluated."""
+    trained, overrides = run_config(folder)
+    merged = _merged(cfg, trained)
+    csv = str(merged.task.name) == CSV
+    examples = load_examples(merged.task, merged.data.path, int(merged.seed),
+                             files=csv_files(merged) if csv else None,
+                             classes=recorded_classes(folder) if csv else None)  # fmt: skip
+    return examples, merged, overrides
+
+
+def check_evaluated_data(cfg: DictConfig) -> None:
+    """``eval_only``'s run folder checked, and a csv run's files read as the evaluation will
+    read them, before any folder exists (other tasks' data is read by the run)."""
+    folder = Path(str(cfg.eval_only)).expanduser()
+    trained, _ = run_config(folder)
+    if str(trained.task.get("name")) == CSV:
+        evaluated_examples(cfg, folder)
 
 
 def _merged(cfg: DictConfig, trained: DictConfig) -> DictConfig:
@@ -177,20 +206,19 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     device = resolve_device(str(cfg.device))
     reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     source = Path(str(cfg.eval_only)).expanduser()
-    trained, trained_overrides = run_config(source)
-    merged = _merged(cfg, trained)
+    examples, merged, trained_overrides = evaluated_examples(cfg, source)
     task = str(merged.task.name)
+    classes = num_classes(task, examples["train"])
     swap = selected_attention(cfg, names_attention(current_overrides()))
-    own = selected_attention(trained, names_attention(trained_overrides))
+    own = selected_attention(merged, names_attention(trained_overrides))
     start = starting_point(merged, swap or own)
-    model = BertClassifier(start.encoder, num_classes(task), start.encoder.config.dropout)
+    model = BertClassifier(start.encoder, classes, start.encoder.config.dropout)
     checkpoint = next(p for p in (source / CHECKPOINT_DIR / n for n in (BEST, LAST)) if p.is_file())
     try:
         load_across_attention(model, load_checkpoint(checkpoint)["model"])
     except ValueError as error:
         raise UserInputError(f"{checkpoint}: {error}") from None
 
-    examples = load_examples(merged.task, merged.data.path, int(merged.seed))
     max_len = int(merged.task.max_len)
     if cfg.conv_fit_examples:
         fit_conv_skip(start.encoder, examples["train"], int(cfg.conv_fit_examples),
@@ -198,6 +226,8 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
     splits = ("test",) if "test" in examples else dev_splits(task)
     if "test" in examples:
         examples["test"] = seeded_subset(examples["test"], merged.task.get("test_examples"))
+    if task == CSV:  # the mapping and rows evaluated, beside the predictions
+        record_csv(run_dir, str(merged.task.label_column), examples, csv_files(merged))
     collate = PairCollate(max_len, start.tokenizer.pad_id)
     settings = TrainerConfig.from_mapping(
         {**OmegaConf.to_container(cfg.trainer, resolve=True), "max_steps": 1, "progress": False}
@@ -215,7 +245,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> pd.DataFrame:
         if split == splits[0]:
             write_predictions(run_dir / PREDICTIONS, ordered, predicted)
         results[split]["examples"] = len(encoded)
-        balances[split] = class_balance(f"{split} set", encoded.labels, num_classes(task))
+        balances[split] = class_balance(f"{split} set", encoded.labels, classes)
         trainer.metrics.append(0, split, {k: results[split][k] for k in metric_names(task)})
     first = results[splits[0]]
     attention = dict(start.encoder.config.attention)
