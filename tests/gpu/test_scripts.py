@@ -20,7 +20,7 @@ def test_the_gpu_profile_script_at_toy_size(tmp_path) -> None:
         [sys.executable, str(script), str(tmp_path), "--toy"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a hang guard: ~2 minutes alone, over 5 beside a full suite on 2 cores
     )
     assert done.returncode == 0, done.stdout + done.stderr
     with open(tmp_path / "gpu_profile.csv", newline="") as handle:
