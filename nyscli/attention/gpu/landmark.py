@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 import torch
@@ -31,22 +32,26 @@ def settings(kernel: str, operands: torch.dtype) -> dict[str, Any]:
     return {"PREC": prec, "num_warps": gates.current().warps[prec][kernel]}
 
 
-def _shared(q_land: Tensor, flags: Tensor | None, how: dict[str, Any]) -> dict[str, Any]:
+@cache
+def _tile(m: int, wide: bool) -> dict[str, Any]:
+    """What a program holding m x m iterates needs besides tensors: the floor of the pinv's
+    start, the padded tile, the compute dtype (cached: at small n a call's time is its
+    Python)."""
+    dtype = torch.float64 if wide else torch.float32
+    return {"tiny": torch.finfo(dtype).tiny, "BM": block(m), "DT": triton_dtype(dtype)}
+
+
+@cache
+def _constants(h: int, m: int, d: int, wide: bool, has_e: bool, prec: str) -> dict[str, Any]:
     """The arguments the forward and backward programs share besides their tensors."""
+    shape = {"heads": h, "scale": 1.0 / math.sqrt(d), "M": m, "D": d, "BD": block(d)}
+    return {**shape, "HAS_E": has_e, "PREC": prec, **_tile(m, wide)}
+
+
+def _shared(q_land: Tensor, flags: Tensor | None, how: dict[str, Any]) -> dict[str, Any]:
     h, m, d = q_land.shape[1:]
     wide = q_land.dtype == torch.float64
-    return {
-        "heads": h,
-        "scale": 1.0 / math.sqrt(d),
-        "tiny": torch.finfo(torch.float64 if wide else torch.float32).tiny,
-        "M": m,
-        "D": d,
-        "BM": block(m),
-        "BD": block(d),
-        "HAS_E": flags is not None,
-        "DT": triton_dtype(torch.float64 if wide else torch.float32),
-        "PREC": how["PREC"],
-    }
+    return _constants(h, m, d, wide, flags is not None, how["PREC"])
 
 
 def _flags(exists: Tensor | None) -> Tensor | None:
@@ -193,16 +198,13 @@ def pinv_launch(a: Tensor, iterations: int) -> tuple[ops.Launch, Tensor]:
     how = settings("pinv", a.dtype)
     a = a.to(dtype).contiguous()
     z = torch.empty_like(a)
-    wide = dtype == torch.float64
     args = {
         "a_ptr": a,
         "z_ptr": z,
-        "tiny": torch.finfo(dtype).tiny,
         "M": m,
-        "BM": block(m),
         "ITERS": iterations,
-        "DT": triton_dtype(torch.float64 if wide else torch.float32),
         "PREC": how["PREC"],
+        **_tile(m, dtype == torch.float64),
     }
     options = {"num_warps": how["num_warps"]}
     launch = ops.Launch(

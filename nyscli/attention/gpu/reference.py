@@ -33,11 +33,6 @@ def landmark_weights(
     return pinv.iterative_pinv(a, iterations) @ bv
 
 
-def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
-    """``landmark.iterative_pinv``: the iterative pinv of each (m, m) matrix of a."""
-    return pinv.iterative_pinv(a, iterations)
-
-
 def nystrom_inference(
     q: Tensor,
     k: Tensor,
