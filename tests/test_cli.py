@@ -158,6 +158,22 @@ def test_bad_bench_input_is_one_line_and_exit_code_2(nys_here, tmp_path, args, f
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize(
+    "arg,fragment",
+    [
+        # A config group typed as a key: the composed config holds it only as a choice.
+        ("scheduler=cpu", "scheduler is not a key of nys lra; did you mean schedule?"),
+        # Another tool's name for a key, which difflib does not find near.
+        ("trainer.learning_rate=1e-3", "did you mean trainer.lr?"),
+    ],
+)
+def test_group_and_other_tools_names_get_a_suggestion(nys_here, tmp_path, arg, fragment):
+    done = nys_here("lra", arg)
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and fragment in output and len(output.splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_report_of_missing_dir_is_one_line_exit_2(nys_here):
     done = nys_here("report", "/no/such/dir")
     output = (done.stdout + done.stderr).strip()

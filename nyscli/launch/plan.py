@@ -444,6 +444,9 @@ def _did_you_mean(
         cfg = _compose_job(composing, command, _task_overrides(choices))
     except (HydraException, OmegaConfBaseException):
         return None
+    # A top-level name may be a config group (scheduler=cpu for schedule=cpu), which the
+    # composed config holds only as its choice.
+    groups_here = [str(g) for g in cfg.hydra.runtime.choices if "/" not in str(g)]
     with open_dict(cfg):
         del cfg["hydra"]
     # A name is compared with its siblings only: their shared parent would make any two
@@ -451,8 +454,24 @@ def _did_you_mean(
     parent, _, name = found.group(1).rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     siblings = [str(key) for key in node] if isinstance(node, DictConfig) else []
-    near = difflib.get_close_matches(name, siblings, n=1)
+    if not parent:
+        siblings += groups_here
+    alias = _ALIASES.get(name)
+    near = [alias] if alias in siblings else difflib.get_close_matches(name, siblings, n=1)
     return f"{parent}.{near[0]}" if near and parent else near[0] if near else None
+
+
+# Names other tools use for a key `nys` spells differently (HF Trainer, Lightning), which
+# difflib does not find near: learning_rate and lr share two letters.
+_ALIASES = {
+    "learning_rate": "lr",
+    "gradient_accumulation_steps": "accumulate",
+    "per_device_train_batch_size": "batch_size",
+    "train_batch_size": "batch_size",
+    "num_warmup_steps": "warmup_steps",
+    "max_grad_norm": "clip_grad_norm",
+    "adam_epsilon": "eps",
+}
 
 
 def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:
