@@ -461,7 +461,7 @@ def _did_you_mean(
     return f"{parent}.{near[0]}" if near and parent else near[0] if near else None
 
 
-# Names other tools use for a key `nys` spells differently (HF Trainer, Lightning), which
+# Names Hugging Face's Trainer uses for a key `nys` spells differently, which
 # difflib does not find near: learning_rate and lr share two letters.
 _ALIASES = {
     "learning_rate": "lr",
