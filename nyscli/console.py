@@ -17,11 +17,20 @@ from rich.markup import escape
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
+# A log record with this attribute set (``extra={FILE_ONLY: True}``) goes to the run's log
+# file only: a note on how the run ran, which would stand between a refusal and its one line.
+FILE_ONLY = "file_only"
+
+
 class ConsoleLogHandler(RichHandler):
     """Log records rendered on the shared console, so they interleave with progress bars."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(console=console, show_path=False, **kwargs)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not getattr(record, FILE_ONLY, False):
+            super().emit(record)
 
 
 def say_error(message: str) -> None:

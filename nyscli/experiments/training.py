@@ -122,13 +122,11 @@ def preflight(cfg: DictConfig) -> str | None:
 
 
 def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]:
-    """Threads, device, a fresh peak-memory count, the run to resume from (``cfg.resume``)
-    and the seed.
+    """Device, a fresh peak-memory count, the run to resume from (``cfg.resume``) and the
+    seed (the job's threads are set by its launch, ``launch/task.py``).
 
     Returns (device, resume plan: its ``checkpoint`` is the last.pt to continue or None).
     """
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
     device = resolve_device(str(cfg.device))
     reset_peak_memory(device)  # jobs of a sweep share one process: each reports its own peak
     plan = resume_plan(cfg, run_dir)

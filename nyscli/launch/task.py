@@ -23,6 +23,7 @@ from nyscli.launch.sweepers import resume
 from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.train.errors import TrainingInterrupted
+from nyscli.train.resources import resolve_threads
 from nyscli.train.resume import release_continuation
 
 log = logging.getLogger("nys")
@@ -46,9 +47,12 @@ class Task:
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         module = experiment_module(command)
         main = ranks.launched_rank() == 0  # torchrun/srun/submitit ranks > 0 write nothing
+        # Every job picks its CPU threads here, before env.json records them: the run's
+        # threads, or with threads=null torch's default less the cores busy right now.
+        threads = resolve_threads(cfg.get("threads"))
         if main:
             allocator = getattr(module, "ALLOCATOR", None)
-            env = collect_env(str(cfg.get("device", "cpu")), cfg.get("threads"), allocator)
+            env = collect_env(str(cfg.get("device", "cpu")), threads, allocator)
             try:
                 write_json(env, run_dir / ENV_FILE)
             except OSError as error:

@@ -1,18 +1,24 @@
-"""Which device to train on, and how much memory the run needed at its peak."""
+"""Which device to train on, how many CPU threads, and how much memory the run needed at its
+peak."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import logging
+import os
 import resource
+import time
 from pathlib import Path
 
 import torch
 
+from nyscli.console import FILE_ONLY
 from nyscli.errors import UserInputError
 
 DEVICES = ("auto", "cpu", "cuda")
+log = logging.getLogger("nys")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,6 +32,80 @@ def resolve_device(name: str) -> torch.device:
     if kind == "cuda" and not torch.cuda.is_available():
         raise UserInputError(f"device={name} is not allowed here: no CUDA device; use cpu or auto")
     return torch.device(name)
+
+
+# How long the CPU counters are watched before a run picks its threads: 10 ticks of the kernel's
+# 100 Hz clock on each core, enough to tell a busy core from an idle one, and short beside
+# torch's import.
+_BUSY_SAMPLE_S = 0.1
+_PROC_STAT = Path("/proc/stat")
+_default_threads: list[int] = []  # torch's own count, read before a run first changed it
+
+
+def _core_ticks(cores: set[int]) -> dict[int, tuple[int, int]] | None:
+    """{core: (all ticks, idle ticks)} from /proc/stat for the given cores; None without it."""
+    ticks = {}
+    try:
+        lines = _PROC_STAT.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+        ticks[int(name[3:])] = (sum(values), values[3] + values[4])
+    return ticks or None
+
+
+def busy_cores(cores: set[int], sample_s: float = _BUSY_SAMPLE_S) -> float:
+    """How many of ``cores`` other work keeps busy now (0 to len(cores)): their busy share over
+    ``sample_s`` from /proc/stat, while this process sleeps; the 1-minute load average where
+    there is no /proc (it lags a job that just started or ended)."""
+    before = _core_ticks(cores)
+    if before is None:
+        return min(float(len(cores)), os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0.0
+    time.sleep(sample_s)
+    after = _core_ticks(cores) or {}
+    busy = 0.0
+    for core, (total, idle) in after.items():
+        elapsed = total - before.get(core, (total, idle))[0]
+        if elapsed > 0:
+            busy += 1 - (idle - before[core][1]) / elapsed
+    return busy
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The CPU threads a run uses, set for torch's intra-op pool and returned.
+
+    ``threads`` as set, or for ``None`` torch's default less the cores other work keeps
+    busy right now (at least 1). A torch op on a CPU splits over its threads and waits for
+    all of them; a thread that shares its core with a busy process is descheduled for a time
+    slice at every op, which made Nyström-64's module forward 1.4-1.7x slower at 2 threads
+    than at 1 beside one busy process on 2 cores (docs/results/table1.md, "A busy machine").
+    """
+    if threads:
+        torch.set_num_threads(int(threads))
+        return int(threads)
+    if not _default_threads:
+        _default_threads.append(torch.get_num_threads())
+    default = _default_threads[0]
+    torch.set_num_threads(default)
+    if default > 1:
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        cores = cores or set(range(os.cpu_count() or 1))
+        busy = round(busy_cores(cores))
+        torch.set_num_threads(max(1, min(default, len(cores) - busy)))
+        if torch.get_num_threads() < default:
+            log.info(
+                "threads: %d of %d (other work keeps %d core(s) busy; threads=%d uses all)",
+                torch.get_num_threads(),
+                default,
+                busy,
+                default,
+                extra={FILE_ONLY: True},  # the console's bench caption says "1 thread(s)"
+            )
+    return torch.get_num_threads()
 
 
 def _peak_rss_kb() -> int | None:

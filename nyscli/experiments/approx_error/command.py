@@ -208,19 +208,13 @@ def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     Columns: source, seq_len, head_dim, layer, sequence, head, n (real tokens of the head),
     method, budget (NA for methods without one), metric, value, then the run's settings.
     """
-    threads = torch.get_num_threads()
-    try:
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        df = measure(cfg, Path(run_dir), console)
-        log_to_file(render(df))  # the console gets the same table from the launcher
-        return df
-    finally:
-        torch.set_num_threads(threads)
+    df = measure(cfg, Path(run_dir), console)  # on the threads the job's launch set
+    log_to_file(render(df))  # the console gets the same table from the launcher
+    return df
 
 
 def measure(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
-    """``run`` with the thread count set."""
+    """``run``'s measurement, before its table is logged."""
     dtype, device = DTYPES[cfg.dtype], resolve_device(str(cfg.device))
     text = source_text(cfg)
     cache = source_cache.SourceCache(

@@ -228,8 +228,6 @@ def record(
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     device = str(resolve_device(str(cfg.device)))
-    if cfg.threads:  # the workers use it; set here too so env.json and the table agree
-        torch.set_num_threads(int(cfg.threads))
     rows = attention_rows(cfg, include_selected=user_selected_attention())
     labels = [attention_label(row) for row in rows]
     # Every (attention, scope) pair of one n is timed interleaved with the others, so a

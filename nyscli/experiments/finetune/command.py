@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -256,8 +255,6 @@ def trainer_settings(
 
 def run(cfg: DictConfig, run_dir: Path, console: Console) -> pd.DataFrame:
     if cfg.get("eval_only"):
-        if cfg.threads:
-            torch.set_num_threads(int(cfg.threads))
         return evaluate_only(cfg, run_dir)
     started = time.perf_counter()
     task = str(cfg.task.name)
