@@ -4,9 +4,11 @@ the trivial baseline labelled in the table and the figure, the pinv floor measur
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from rich.console import Console
 
 from nyscli.experiments.approx_error import command as approx_error
@@ -120,3 +122,28 @@ def test_an_exact_pinv_that_blows_up_in_some_heads_is_noted() -> None:
     assert summary.row_note(row(exact_pinv_error_mean=0.04)) == "pinv floor"
     assert summary.row_note(row()) == ""  # exact pinv not measured
     assert "near-singular" in methods.FOOTNOTES["exact pinv unstable"]
+
+
+def test_time_left_is_reckoned_in_heads_from_the_first_heads_profile(monkeypatch):
+    # 3 heads of 4 steps; in each head the last step costs 7 of its 10 s (a large budget).
+    from rich.console import Console
+
+    from nyscli.experiments.approx_error import progress
+
+    clock = iter([0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0, 20.0])
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] = next(clock)
+        return now[0]
+
+    monkeypatch.setattr(progress.time, "monotonic", tick)
+    bar = progress.ProgressLog(12, 3, Console(file=io.StringIO()))
+    lefts = []
+    for done in range(1, 9):
+        bar.step((done - 1) // 4, "nystrom", 8)
+        lefts.append(bar.left(now[0]))
+    # Within the first head only steps are known (9 s "left" after 3 of 12 steps in 3 s; 27 s
+    # truly); after it, each estimate is the true time left: 19 s after 11, ..., 10 after 20.
+    assert lefts[2] == pytest.approx(3.0 / 3 * 9)
+    assert lefts[4:] == pytest.approx([19.0, 18.0, 17.0, 10.0])
