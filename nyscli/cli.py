@@ -81,11 +81,6 @@ def run_hydra_command(
     A key set both ways (``--seq-len 64 seq_lens=[128]``) is refused: neither silently wins.
     """
     typed = {**typed, "fail_fast": "true" if fail_fast else None}
-    try:  # torch and Hydra load here (seconds): Typer would turn Ctrl-C into a silent 130
-        from nyscli.launch.run import launch
-    except KeyboardInterrupt as stop:
-        fail(f"{stopped(stop)}; nothing was written", stop_code(stop))
-
     given = {key: value for key, value in typed.items() if value is not None}
     for override in overrides or []:
         key = override_key(override)
@@ -101,6 +96,15 @@ def run_hydra_command(
     arguments += list(overrides or [])
     if multirun:
         arguments.insert(0, "--multirun")
+    try:  # Hydra, then torch load here (seconds): Typer would turn Ctrl-C into a silent 130
+        from nyscli.launch.compose import early_refusal
+
+        refused = early_refusal(command, arguments, as_typed)  # before torch is imported
+        if refused:
+            fail(refused)
+        from nyscli.launch.run import launch
+    except KeyboardInterrupt as stop:
+        fail(f"{stopped(stop)}; nothing was written", stop_code(stop))
     raise typer.Exit(launch(command, arguments, as_typed))
 
 

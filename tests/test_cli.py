@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -249,3 +252,47 @@ def test_a_long_phase_logs_its_progress_into_the_runs_log(
     [log_file] = list((tmp_path / "outputs").rglob("*.log"))
     beats = [line for line in log_file.read_text().splitlines() if "s so far)" in line]
     assert any(fragment in line for line in beats), log_file.read_text()
+
+
+# A child in which importing torch, pandas or matplotlib fails: what it refuses, it refused
+# before any of them loaded (seconds on a quiet machine, tens beside busy ones).
+_HEAVY_BLOCKED = (
+    "import sys\n"
+    "for name in ('torch', 'pandas', 'matplotlib'):\n"
+    "    sys.modules[name] = None\n"
+    "from nyscli.cli import _main\n"
+    "sys.exit(_main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["lra", "scheduler=cpu"], "scheduler is not a key of nys lra; did you mean schedule?"),
+        (["bench", "attention=nystorm"], "did you mean attention=nystrom?"),
+        (["finetune", "trainer.learning_rate=1e-3"], "did you mean trainer.lr?"),
+        (["approx-error", "seq_len=(1"], "quote"),  # Hydra's grammar, with the quoting hint
+        (["lra", "experiment=nope"], "experiment"),
+    ],
+)
+def test_what_composing_refuses_is_refused_before_torch_loads(tmp_path, args, fragment):
+    done = subprocess.run(
+        [sys.executable, "-c", _HEAVY_BLOCKED, *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )  # fmt: skip
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and fragment in output and len(output.splitlines()) == 1, output
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_plain_run_that_composes_goes_on_to_the_full_launch(tmp_path):
+    # The early check refuses nothing it cannot see is bad: here the launch goes on and
+    # needs pandas and torch, which this child cannot import.
+    done = subprocess.run(
+        [sys.executable, "-c", _HEAVY_BLOCKED, "bench", "--seq-len", "64"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )  # fmt: skip
+    halted = "halted; None in sys.modules" in done.stderr
+    assert done.returncode != 0 and halted, done.stderr[-500:]

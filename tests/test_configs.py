@@ -9,7 +9,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nyscli.errors import UserInputError
 from nyscli.experiments import COMMANDS
-from nyscli.launch.plan import JobComposer, _compose_job, composer, plan_launch
+from nyscli.launch.compose import compose_job, composer
+from nyscli.launch.plan import JobComposer, plan_launch
 
 
 def compose(command: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
@@ -193,7 +194,7 @@ def test_a_sweeps_jobs_composed_from_a_cached_base_equal_hydras_own_composition(
     with composer(command) as composing:
         cached = JobComposer(composing, command)
         for job in jobs:
-            fast, full = cached.compose(job), _compose_job(composing, command, job)
+            fast, full = cached.compose(job), compose_job(composing, command, job)
             assert list(fast.hydra.overrides.task) == list(full.hydra.overrides.task)
             assert fast.hydra.runtime.choices == full.hydra.runtime.choices
             for cfg in (fast, full):

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nyscli.launch.progress",),
     ("nyscli.launch.sweepers",),
     ("nyscli.launch.faults",),
+    ("nyscli.launch.compose",),
     ("nyscli.launch.plan",),
     ("nyscli.launch.folders",),
     ("nyscli.launch.task",),

@@ -134,6 +134,14 @@ def parse_hint(message: str, overrides: list[str]) -> str:
     )
 
 
+def refusal_line(error: BaseException, overrides: list[str], typed: dict[str, str]) -> str:
+    """The one line a launch refused before it started prints for ``error``: the launcher
+    plugin to install, or the fault with a quoting hint for an unparsable override, said with
+    the typed options as typed."""
+    message = missing_launcher(error, overrides) or parse_hint(fault_line(error), overrides)
+    return as_typed(message, typed)
+
+
 def missing_launcher(error: BaseException, overrides: list[str]) -> str | None:
     """The one-line install hint when a cluster preset's launcher plugin is not installed."""
     if not isinstance(error, MissingConfigException):

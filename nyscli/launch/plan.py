@@ -4,47 +4,40 @@ sweep."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import difflib
-import os
-import re
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import hydra
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.hydra import Hydra
-from hydra._internal.utils import (
-    create_automatic_config_search_path,
-)
-from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, RangeSweep, ValueType
-from hydra.errors import HydraException, MissingConfigException
-from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from nyscli import tracking
 from nyscli.console import console
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module, schema
 from nyscli.experiments.renamed import refuse_renamed
-from nyscli.launch.faults import fault_line, one_line
+from nyscli.launch.compose import (
+    compose_job,
+    composer,
+    composition_refused,
+    is_sweep,
+    refuse_search_params,
+    refuse_unreadable_numbers,
+    task_overrides,
+)
 from nyscli.launch.progress import job_bar
 from nyscli.launch.sweepers import resume, search
 from nyscli.launch.sweepers.grid import grid_arguments, per_attention
 from nyscli.overrides import override_key, override_keys
-from nyscli.paths import CONF_SOURCE
-from nyscli.rules import Bool, show
+from nyscli.rules import Bool
 from nyscli.train.resume import pin_overrides
 
 
@@ -62,48 +55,6 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
         for o in parsed
     ]
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-def search_path(config_dir: str | None = None) -> ConfigSearchPath:
-    """Hydra's config search path of every command: the package's configs, and the user's
-    ``--config-dir`` folder after them (new groups and options, e.g. ``attention/mine.yaml``),
-    exactly as Hydra's own entry point adds it."""
-    path = create_automatic_config_search_path(None, None, CONF_SOURCE)
-    if config_dir is not None:
-        folder = os.path.abspath(config_dir)
-        if not os.path.isdir(folder):
-            raise UserInputError(f"--config-dir {config_dir} is not a directory")
-        path.prepend("command-line", f"file://{folder}", SearchPathQuery(provider="schema"))
-    return path
-
-
-@contextlib.contextmanager
-def composer(command: str, config_dir: str | None = None) -> Iterator[Hydra]:
-    """A Hydra instance that composes ``command``'s configs as the run will (the global one is
-    restored afterwards, as ``hydra.initialize_config_dir`` does)."""
-    hydra.version.setbase("1.3")
-    path = search_path(config_dir)
-    backup = get_gh_backup()
-    try:
-        yield Hydra.create_main_hydra2(task_name=command, config_search_path=path)
-    finally:
-        restore_gh_from_backup(backup)
-
-
-def _task_overrides(overrides: list[str]) -> list[str]:
-    # hydra.* overrides shape the run, not the job (hydra.searchpath excepted: it finds configs).
-    return [
-        o
-        for o in overrides
-        if not override_key(o).startswith("hydra") or override_key(o) == "hydra.searchpath"
-    ]
-
-
-def _compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictConfig:
-    """One job's config with its hydra node (for HydraConfig), as the run will see it."""
-    return composing.compose_config(
-        config_name=command, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=False
-    )
 
 
 def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
@@ -191,54 +142,12 @@ class JobComposer:
         plain = [o for o in parsed if self._plain(o)]
         groups = tuple(o.input_line for o in parsed if not self._plain(o))
         if groups not in self.bases:
-            self.bases[groups] = _compose_job(self.composing, self.command, list(groups))
+            self.bases[groups] = compose_job(self.composing, self.command, list(groups))
         cfg = copy.deepcopy(self.bases[groups])
         ConfigLoaderImpl._apply_overrides_to_config(plain, cfg)
         with open_dict(cfg):
             cfg.hydra.overrides.task = list(job)
         return cfg
-
-
-# Python reads integers of at most this many digits (sys.get_int_max_str_digits()); Hydra's
-# parser would fail on a longer one with a ValueError and a traceback.
-_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
-_DIGITS = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
-
-
-def _refuse_unreadable_numbers(overrides: list[str]) -> None:
-    """One line for a number too long to read (``seed=`` and 5,000 nines), its key named."""
-    for override in overrides:
-        digits = _DIGITS.search(override)
-        if digits:
-            key = override_key(override) if "=" in override else override[:20]
-            raise UserInputError(
-                f"{key}={show(override.partition('=')[2])} is not allowed: a number of "
-                f"{len(digits.group())} digits (the largest readable has {_MAX_DIGITS})"
-            )
-
-
-_SEARCH_PARAMS = "hydra.sweeper.params."
-
-
-def _refuse_search_params(overrides: list[str]) -> None:
-    """``hydra.sweeper.params.<key>=interval(...)`` or ``=a,b`` reads as a sweep over Hydra's
-    own config, which Hydra refuses in words that do not say how to change a sweep's values:
-    name the override that does (the key itself, which the sweep takes over its preset's
-    entry: a search's space, table3_cpu's attentions)."""
-    parser = OverridesParser.create()
-    for override in overrides:
-        key = override_key(override)
-        if (
-            not key.startswith(_SEARCH_PARAMS)
-            or not parser.parse_override(override).is_sweep_override()
-        ):
-            continue
-        value = override.partition("=")[2]
-        raise UserInputError(
-            f"{override.lstrip('+~')} is not allowed: Hydra reads a sweep in a hydra.* key as a "
-            f"sweep of its own settings; give the key itself, which replaces the preset's "
-            f"values: '{key.removeprefix(_SEARCH_PARAMS)}={value}'"
-        )
 
 
 def _no_values(sweep: Any, in_search: bool) -> str | None:
@@ -275,16 +184,12 @@ def _refuse_unsweepable(node: DictConfig, overrides: list[str]) -> None:
     ``hydra.sweeper.params`` (a search's space, ``experiment=table3_cpu``'s grid)."""
     sweeper = node.get("sweeper")
     params = (sweeper.get("params") if sweeper is not None else None) or {}
-    lines = [*(f"{k}={v}" for k, v in params.items()), *_task_overrides(overrides)]
+    lines = [*(f"{k}={v}" for k, v in params.items()), *task_overrides(overrides)]
     in_search = search.is_search(node)
     for override in OverridesParser.create().parse_overrides(lines):
         problem = _no_values(override.value(), in_search) if override.is_sweep_override() else None
         if problem:
             raise UserInputError(f"{override.input_line} is not allowed: {problem}")
-
-
-def is_sweep(overrides: list[str]) -> bool:
-    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
 
 def _resume_pins(
@@ -299,7 +204,7 @@ def _resume_pins(
         return (), None
 
     def compose(job: list[str]) -> DictConfig:
-        today = _compose_job(composing, command, _task_overrides(job))
+        today = compose_job(composing, command, task_overrides(job))
         with open_dict(today):
             del today["hydra"]
         return today
@@ -324,34 +229,27 @@ def plan_launch(
     each job.
     """
     refuse_renamed(command, overrides)
-    _refuse_unreadable_numbers(overrides)
-    _refuse_search_params(overrides)
+    refuse_unreadable_numbers(overrides)
+    refuse_search_params(overrides)
     module = experiment_module(command)
-    with composer(command, config_dir) as composing:
-        try:
-            return _plan(module, composing, command, overrides, multirun)
-        except (HydraException, OmegaConfBaseException) as error:
-            text = fault_line(error)
-            unknown = _UNKNOWN_KEY.match(text)  # Hydra's advice (+key=...) would add the typo
-            hint = _did_you_mean(error, composing, command, overrides)
-            if unknown is None and hint is None:
-                raise
-            if unknown:
-                text = f"{unknown.group(1)} is not a key of nys {command.replace('_', '-')}"
-            raise UserInputError(text + (f"; did you mean {hint}?" if hint else "")) from None
+    with (
+        composer(command, config_dir) as composing,
+        composition_refused(composing, command, overrides),
+    ):
+        return _plan(module, composing, command, overrides, multirun)
 
 
 def _plan(
     module: ModuleType, composing: Hydra, command: str, overrides: list[str], multirun: bool
 ) -> Plan:
     if not multirun and not is_sweep(overrides):
-        cfg = _compose_job(composing, command, overrides)
+        cfg = compose_job(composing, command, overrides)
         node = cfg.hydra
         if node.mode != RunMode.MULTIRUN:  # else a cluster preset makes it a sweep
             _check_job(module, command, cfg, overrides)
             pins, note = _resume_pins(module, composing, command, cfg, overrides)
             if pins:  # the run composed as it will run, with the settings it keeps
-                cfg = _compose_job(composing, command, [*overrides, *pins])
+                cfg = compose_job(composing, command, [*overrides, *pins])
                 node = cfg.hydra
                 _check_job(module, command, cfg, [*overrides, *pins])
             check = getattr(module, "preflight", None)
@@ -375,14 +273,14 @@ def _plan(
     _refuse_unsweepable(node, overrides)  # seed=range(5,0): no job; a reversed interval
     # A command may add overrides to every job of a sweep (bench: attention_set=none).
     pins_of = getattr(module, "sweep_pins", None)
-    pins, pinned = pins_of(_task_overrides(overrides)) if pins_of else ((), None)
+    pins, pinned = pins_of(task_overrides(overrides)) if pins_of else ((), None)
     overrides = [*overrides, *pins]
 
     def attention_keys(job: list[str]) -> set[str]:
-        found = _compose_job(composing, command, job).get("attention")
+        found = compose_job(composing, command, job).get("attention")
         return set(found.keys()) if found is not None else set()
 
-    grid = grid_arguments(node, _task_overrides(overrides))  # + hydra.sweeper.params
+    grid = grid_arguments(node, task_overrides(overrides))  # + hydra.sweeper.params
     split = per_attention(job_overrides(grid, multirun), attention_keys)
     # Each job is composed as it will run: a bar for big sweeps.
     bar = job_bar(len(split.jobs))
@@ -408,7 +306,7 @@ def _continued(
     if "hydra.sweep.dir" not in override_keys(overrides) or not resume.is_continued(sweep_dir):
         return None
     first = cached.compose(jobs[0]) if jobs else OmegaConf.create()
-    given = _task_overrides(overrides)
+    given = task_overrides(overrides)
     found = resume.continuation(sweep_dir, str(node.job.name), given, jobs, first.get("resume"))
     check = getattr(module, "preflight", None)
     for job in found.jobs:
@@ -421,65 +319,12 @@ def _continued(
     return found
 
 
-_UNKNOWN_KEY = re.compile(r"Could not override '([\w.]+)'.*not in struct")
-
-
-def _did_you_mean(
-    error: BaseException, composing: Hydra, command: str, overrides: list[str]
-) -> str | None:
-    """The name nearest to a misspelt config option (``attention=nystorm``) or key
-    (``attention.num_landmark=32``, ``seq_len=512``), as the user would type it; None when
-    the error names no unknown name or none is near."""
-    if isinstance(error, MissingConfigException):
-        group, _, name = str(error.missing_cfg_file or "").rpartition("/")
-        near = difflib.get_close_matches(name, error.options or [], n=1)
-        return f"{group}={near[0]}" if group and near else None
-    found = _UNKNOWN_KEY.search(one_line(error))
-    if found is None:
-        return None
-    # The keys of the config the user chose (attention=softmax has no num_landmarks).
-    groups = composing.config_loader.repository  # type: ignore[attr-defined]
-    choices = [o for o in overrides if groups.group_exists(override_key(o)) and "," not in o]
-    try:
-        cfg = _compose_job(composing, command, _task_overrides(choices))
-    except (HydraException, OmegaConfBaseException):
-        return None
-    # A top-level name may be a config group (scheduler=cpu for schedule=cpu), which the
-    # composed config holds only as its choice.
-    groups_here = [str(g) for g in cfg.hydra.runtime.choices if "/" not in str(g)]
-    with open_dict(cfg):
-        del cfg["hydra"]
-    # A name is compared with its siblings only: their shared parent would make any two
-    # attention options look alike.
-    parent, _, name = found.group(1).rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    siblings = [str(key) for key in node] if isinstance(node, DictConfig) else []
-    if not parent:
-        siblings += groups_here
-    alias = _ALIASES.get(name)
-    near = [alias] if alias in siblings else difflib.get_close_matches(name, siblings, n=1)
-    return f"{parent}.{near[0]}" if near and parent else near[0] if near else None
-
-
-# Names Hugging Face's Trainer uses for a key `nys` spells differently, which
-# difflib does not find near: learning_rate and lr share two letters.
-_ALIASES = {
-    "learning_rate": "lr",
-    "gradient_accumulation_steps": "accumulate",
-    "per_device_train_batch_size": "batch_size",
-    "train_batch_size": "batch_size",
-    "num_warmup_steps": "warmup_steps",
-    "max_grad_norm": "clip_grad_norm",
-    "adam_epsilon": "eps",
-}
-
-
 def show_jobs(command: str, plan: Plan, what: str, resolve: bool, config_dir: str | None) -> None:
     """``--cfg job|hydra|all`` with ``-m``: each job's config as the sweep will run it (Hydra
     itself refuses the pair), after a ``# job i: overrides`` line."""
     with composer(command, config_dir) as composing:
         for index, job in enumerate(plan.jobs):
-            cfg = _compose_job(composing, command, list(job))
+            cfg = compose_job(composing, command, list(job))
             if what == "job":
                 with open_dict(cfg):
                     del cfg["hydra"]

@@ -26,6 +26,7 @@ from nyscli.console import console, say_error
 from nyscli.errors import UserInputError, describe_os_error, naming
 from nyscli.experiments import experiment_module
 from nyscli.experiments.report.sweep_summary import write_summary
+from nyscli.launch.compose import is_sweep
 from nyscli.launch.faults import (
     USER_ERRORS,
     Abort,
@@ -33,10 +34,10 @@ from nyscli.launch.faults import (
     as_typed,
     fault_line,
     missing_launcher,
-    parse_hint,
+    refusal_line,
 )
 from nyscli.launch.folders import claim_run_folder, discard_failed
-from nyscli.launch.plan import Plan, is_sweep, plan_launch, show_jobs
+from nyscli.launch.plan import Plan, plan_launch, show_jobs
 from nyscli.launch.sweepers import resume, search
 from nyscli.launch.task import Task
 from nyscli.output.runs import RESULTS_FILE, find_run_folders
@@ -168,10 +169,7 @@ def _launch(command: str, arguments: list[str], typed: dict[str, str]) -> int:
         try:
             claim = _plan_and_claim(command, args)
         except (*USER_ERRORS, OSError) as error:
-            message = missing_launcher(error, args.overrides) or parse_hint(
-                fault_line(error), list(args.overrides)
-            )
-            say_error(as_typed(message, typed))
+            say_error(refusal_line(error, list(args.overrides), typed))
             return 2
         if claim.plan is None:  # e.g. resume= names a finished run: nothing to run, no folder
             return 0
