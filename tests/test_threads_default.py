@@ -17,8 +17,8 @@ AFTER = "cpu  0 0 0 0 0 0 0 0\ncpu0 109 0 0 901 0 0 0 0\ncpu1 50 0 0 959 1 0 0 0
 def two_cores(monkeypatch):
     """torch's default of 2 threads on a 2-core machine; the count comes back after."""
     before = torch.get_num_threads()
-    monkeypatch.setattr(resources, "_default_threads", [2])
-    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(resources, "_torch_default_threads", lambda: 2)
+    monkeypatch.setattr(resources, "usable_cores", lambda: {0, 1})
     yield
     torch.set_num_threads(before)
 
@@ -50,7 +50,7 @@ def test_a_set_count_is_kept_and_null_goes_back_to_the_default_each_job(two_core
 
 
 def test_no_sample_where_the_default_is_one_thread(monkeypatch):
-    monkeypatch.setattr(resources, "_default_threads", [1])
+    monkeypatch.setattr(resources, "_torch_default_threads", lambda: 1)
     monkeypatch.setattr(resources, "busy_cores", lambda cores: pytest.fail("sampled"))
     before = torch.get_num_threads()
     try:

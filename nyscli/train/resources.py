@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import resource
@@ -39,7 +40,18 @@ def resolve_device(name: str) -> torch.device:
 # torch's import.
 _BUSY_SAMPLE_S = 0.1
 _PROC_STAT = Path("/proc/stat")
-_default_threads: list[int] = []  # torch's own count, read before a run first changed it
+
+
+@functools.cache
+def _torch_default_threads() -> int:
+    """torch's own thread count, read once, before a job first changes it."""
+    return torch.get_num_threads()
+
+
+def usable_cores() -> set[int]:
+    """The cores this process may run on (its affinity; all of them where there is none)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return cores or set(range(os.cpu_count() or 1))
 
 
 def _core_ticks(cores: set[int]) -> dict[int, tuple[int, int]] | None:
@@ -87,25 +99,22 @@ def resolve_threads(threads: int | None) -> int:
     if threads:
         torch.set_num_threads(int(threads))
         return int(threads)
-    if not _default_threads:
-        _default_threads.append(torch.get_num_threads())
-    default = _default_threads[0]
-    torch.set_num_threads(default)
+    default = chosen = _torch_default_threads()
     if default > 1:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        cores = cores or set(range(os.cpu_count() or 1))
+        cores = usable_cores()
         busy = round(busy_cores(cores))
-        torch.set_num_threads(max(1, min(default, len(cores) - busy)))
-        if torch.get_num_threads() < default:
+        chosen = max(1, min(default, len(cores) - busy))
+        if chosen < default:
             log.info(
                 "threads: %d of %d (other work keeps %d core(s) busy; threads=%d uses all)",
-                torch.get_num_threads(),
+                chosen,
                 default,
                 busy,
                 default,
                 extra={FILE_ONLY: True},  # the console's bench caption says "1 thread(s)"
             )
-    return torch.get_num_threads()
+    torch.set_num_threads(chosen)
+    return chosen
 
 
 def _peak_rss_kb() -> int | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from nyscli.allocator import system_environ
 from nyscli.experiments.bench.worker import READY_PREFIX, RESULT_PREFIX, TIME_PREFIX, summarize
+from nyscli.train.resources import usable_cores
 
 WORKER = [sys.executable, "-m", "nyscli.experiments.bench.worker"]
 
@@ -236,7 +237,7 @@ def measure_interleaved(
 
 def busy_hint(threads: int) -> str | None:
     """A one-line warning when other jobs already use the cores this bench needs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = len(usable_cores())
     load = os.getloadavg()[0]
     # Half a core of slack: the 1-minute average decays slowly after a job ends (an idle
     # machine read 0.3 a minute later), while one more busy process adds about 1.
