@@ -14,14 +14,11 @@ import torch
 
 from nyscli.data.common import ClassificationCollate, RaggedSequences, SequenceClassificationDataset
 from nyscli.experiments.lra.tasks import classification_objective
-from nyscli.models import build_classifier
-from nyscli.train import (
-    ShuffledBatches,
-    Trainer,
-    TrainerConfig,
-    eval_batches,
-    seed_everything,
-)
+from nyscli.models.classifier import build_classifier
+from nyscli.train.batches import ShuffledBatches, eval_batches
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import Trainer
+from nyscli.train.seed import seed_everything
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

@@ -16,7 +16,7 @@ from nyscli.experiments.approx_error.plots import error_vs_budget
 from nyscli.experiments.report import command as report
 from nyscli.experiments.training import write_learning_curve
 from nyscli.output import curves, plots
-from nyscli.train import METRICS_FILE
+from nyscli.train.metrics import METRICS_FILE
 
 from .test_report import fake_run
 

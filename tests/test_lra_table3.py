@@ -321,7 +321,7 @@ def test_bad_data_source_is_one_line_and_leaves_no_run_folder(nys_here, tmp_path
 def test_each_run_of_a_sweep_in_one_process_reports_its_own_cpu_peak() -> None:
     import torch
 
-    from nyscli.train import peak_memory_mb, reset_peak_memory
+    from nyscli.train.resources import peak_memory_mb, reset_peak_memory
 
     cpu = torch.device("cpu")
     reset_peak_memory(cpu)

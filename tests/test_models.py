@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from nyscli.models import DualHead, build_classifier, pool
+from nyscli.models.classifier import build_classifier
+from nyscli.models.heads import DualHead
+from nyscli.models.pooling import pool
 
 MODEL = {"dim": 16, "depth": 2, "num_heads": 2, "ffn_dim": 32, "dropout": 0.1}
 NYSTROM = {"name": "nystrom", "num_landmarks": 4, "conv_kernel_size": 3}

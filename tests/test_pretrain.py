@@ -38,7 +38,7 @@ from nyscli.models.bert import (
     with_attention,
 )
 from nyscli.paths import CONF_DIR
-from nyscli.train import BEST, load_checkpoint
+from nyscli.train.checkpoint import BEST, load_checkpoint
 from tests.helpers import pretrain_tiny as tiny
 from tests.helpers import write_corpus
 

@@ -23,7 +23,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nyscli.experiments.report.sweep_summary import LOCK_FILE, SUMMARY_FILE, write_summary
 from nyscli.launch.plan import plan_launch
-from nyscli.train import ShuffledBatches, distributed
+from nyscli.train import distributed
+from nyscli.train.batches import ShuffledBatches
 
 from .test_lra import TINY as LRA_TINY
 from .test_lra import run_folders

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from nyscli.launch.plan import plan_launch
 from nyscli.launch.sweepers.grid import per_attention
-from nyscli.train import TrainerConfig
 from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint
+from nyscli.train.config import TrainerConfig
 from nyscli.train.loop import throughput_warmup
 from tests.helpers import LRA_TINY, make_trainer, run_folders
 

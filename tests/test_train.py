@@ -11,14 +11,10 @@ import torch
 
 from nyscli.data.common import ClassificationCollate
 from nyscli.experiments.lra.tasks import classification_objective
-from nyscli.train import (
-    LAST,
-    CheckpointError,
-    ShuffledBatches,
-    TrainingDiverged,
-    load_checkpoint,
-    splits,
-)
+from nyscli.train import splits
+from nyscli.train.batches import ShuffledBatches
+from nyscli.train.checkpoint import LAST, load_checkpoint
+from nyscli.train.errors import CheckpointError, TrainingDiverged
 from nyscli.train.metrics import MetricsLog
 from nyscli.train.schedule import warmup_decay_factor
 from tests.helpers import make_trainer, toy_dataset

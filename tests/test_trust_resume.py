@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nyscli.train import ShuffledBatches
+from nyscli.train.batches import ShuffledBatches
 from nyscli.train.errors import CheckpointError
 from nyscli.train.resume import RESUMED_FROM_FILE, Change, setup_changes
 from tests.helpers import LRA_TINY as TINY

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from nyscli.experiments.lra.tasks import classification_objective
-from nyscli.train import BEST, LAST, TrainingDiverged, load_checkpoint
+from nyscli.train.checkpoint import BEST, LAST, load_checkpoint
+from nyscli.train.errors import TrainingDiverged
 from tests.helpers import LRA_TINY as TINY
 from tests.helpers import make_trainer, run_folders
 

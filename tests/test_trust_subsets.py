@@ -15,7 +15,8 @@ from nyscli.experiments.finetune import command as finetune
 from nyscli.experiments.lra import command as lra
 from nyscli.experiments.pretrain.objectives import frozen_batches
 from nyscli.experiments.training import baseline_fields, fit_schedule
-from nyscli.train import TrainerConfig, eval_batches
+from nyscli.train.batches import eval_batches
+from nyscli.train.config import TrainerConfig
 from tests.helpers import LRA_TINY as TINY
 from tests.helpers import run_folders
 

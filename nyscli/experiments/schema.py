@@ -5,6 +5,9 @@ run folder exist, so ``model.dropout=1.5`` or ``seed=abc`` fails in one line (ex
 naming the key, the value and what is allowed. A key absent from a config (a task without
 ``data.val_fraction``, say) is skipped; cross-key checks stay in the commands' ``validate``.
 
+Torch-free, as are the commands' ``rules`` modules that use it: the command line runs their
+checks before torch is imported (``nyscli.launch.compose.early_refusal``).
+
 Thread counts: ``null`` means torch's default; ``0`` is refused (it would silently mean
 "default" in some places and "error" in others).
 """
@@ -17,7 +20,6 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nyscli.attention import check_config
 from nyscli.rules import (  # noqa: F401
     PROBABILITY,
     Bool,
@@ -58,8 +60,19 @@ def prefixed(prefix: str, table: Mapping[str, Rule]) -> dict[str, Rule]:
     return {f"{prefix}.{key}": rule for key, rule in table.items()}
 
 
+def check_training(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
+    """A training command's ``rules``, then the keys every training command shares
+    (:data:`TRAINING`: seed, threads, model.*, trainer.*) that ``rules`` does not redefine."""
+    check(cfg, rules)  # first: a task key names what the user set, not its echo
+    check(cfg, {k: r for k, r in TRAINING.items() if k not in rules})
+
+
 def check_attentions(nodes: Iterable[tuple[str, Any]]) -> None:
     """Check every (name, attention config) pair against its core's declared options."""
+    # Here, not at the top: the cores' options are declared on their torch modules, and the
+    # rest of this module is checked before torch is imported (the commands' rules.py).
+    from nyscli.attention import check_config
+
     for name, node in nodes:
         if isinstance(node, DictConfig | ListConfig):
             node = OmegaConf.to_container(node, resolve=True)

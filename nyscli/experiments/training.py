@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,12 @@ from nyscli.models.bert import BertConfig
 from nyscli.output.curves import LEARNING_CURVE_FILE, learning_curve
 from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
-from nyscli.train import (
-    METRICS_FILE,
-    FitResult,
-    ShuffledBatches,
-    TrainerConfig,
-    distributed,
-    reset_peak_memory,
-    resolve_device,
-    seed_everything,
-)
-from nyscli.train.resources import peak_memory_mb
+from nyscli.train import distributed
+from nyscli.train.batches import ShuffledBatches
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import FitResult
+from nyscli.train.metrics import METRICS_FILE
+from nyscli.train.resources import peak_memory_mb, reset_peak_memory, resolve_device
 from nyscli.train.resume import (
     Change,
     ResumePlan,
@@ -46,6 +41,7 @@ from nyscli.train.resume import (
     recorded_overrides,
     saved_config,
 )
+from nyscli.train.seed import seed_everything
 from nyscli.train.splits import read_metrics
 
 log = logging.getLogger(__name__)
@@ -72,13 +68,6 @@ def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
     if trainer.precision == "fp16" and device.type != "cuda":
         raise UserInputError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
     return device
-
-
-def check_values(cfg: DictConfig, rules: Mapping[str, schema.Rule]) -> None:
-    """``rules``, then the shared training keys (seed, threads, model.*, trainer.*) that
-    ``rules`` does not redefine."""
-    schema.check(cfg, rules)  # first: a task key names what the user set, not its echo
-    schema.check(cfg, {k: r for k, r in schema.TRAINING.items() if k not in rules})
 
 
 def check_attention(cfg: DictConfig) -> None:

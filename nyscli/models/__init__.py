@@ -4,22 +4,6 @@ Checkpoints on disk (pretrained folders, HF imports) live in ``nyscli.checkpoint
 
 ``SequenceClassifier`` (one sequence -> logits) and ``DualEncoderClassifier`` (two sequences
 through one shared encoder -> logits, LRA retrieval) both take padding masks from the collate.
+``choices`` holds the names a model's config chooses among. This file imports nothing, so
+``nyscli.models.choices`` loads without torch.
 """
-
-from nyscli.models.classifier import DualEncoderClassifier, SequenceClassifier, build_classifier
-from nyscli.models.encoder import INITS, Encoder, EncoderConfig
-from nyscli.models.heads import ClassifierHead, DualHead
-from nyscli.models.pooling import POOLINGS, pool
-
-__all__ = [
-    "INITS",
-    "POOLINGS",
-    "ClassifierHead",
-    "DualEncoderClassifier",
-    "DualHead",
-    "Encoder",
-    "EncoderConfig",
-    "SequenceClassifier",
-    "build_classifier",
-    "pool",
-]

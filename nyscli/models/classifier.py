@@ -7,9 +7,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from nyscli.models.choices import POOLINGS
 from nyscli.models.encoder import Encoder, EncoderConfig
 from nyscli.models.heads import ClassifierHead, DualHead
-from nyscli.models.pooling import POOLINGS, pool
+from nyscli.models.pooling import pool
 
 
 class PooledEncoder(nn.Module):

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from nyscli.attention import MultiHeadAttention
 from nyscli.attention.dropout import Dropout
+from nyscli.models.choices import INITS
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,6 @@ class EncoderConfig:
 
 
 NORMS = ("pre", "post")
-# How the encoder's Linear layers start; embeddings are N(0, init_std) either way.
-# normal: N(0, init_std) weights and zero biases, as BERT's reference code (pre-training, and
-#   every BERT checkpoint's architecture).
-# torch: PyTorch's own default (Kaiming-uniform weights and biases), as the paper's LRA code
-#   (mlpen/Nystromformer LRA/code), whose Linear layers are never re-initialised. With a
-#   width of 64 that is ~3x larger weights than N(0, 0.02); after 200 Image steps it gave
-#   64.7% dev accuracy instead of 56.4% (Nyström, 3 seeds; docs/results/training-profile.md).
-INITS = ("normal", "torch")
 # Hugging Face's hidden_act names: "gelu" is the exact (erf) GELU, the others its tanh form.
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),

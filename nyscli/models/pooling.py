@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-POOLINGS = ("mean", "cls")
+from nyscli.models.choices import POOLINGS
 
 
 def pool(x: Tensor, mask: Tensor, mode: str) -> Tensor:

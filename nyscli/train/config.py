@@ -1,4 +1,8 @@
-"""The trainer's settings, read from the ``trainer`` config group with one-line errors."""
+"""The trainer's settings, read from the ``trainer`` config group with one-line errors.
+
+Torch-free (as is the package's ``__init__``): the command line checks a config against these
+rules before torch is imported (``nyscli.launch.compose.early_refusal``), so a bad value is
+refused in a fraction of a second even on a busy machine."""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from typing import Any
 
 from nyscli.errors import UserInputError
 from nyscli.rules import PROBABILITY, Bool, Choice, Float, Int, Rule, Text
-from nyscli.train.schedule import DECAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+DECAYS = ("linear", "constant")  # after the warm-up (nyscli.train.schedule)
+# device=: where a run computes, for every command (nyscli.train.resources.resolve_device).
+DEVICES = ("auto", "cpu", "cuda")
 MONITOR_MODES = ("max", "min")
 _COUNT = Int(low=1)
 _OPTIONAL_COUNT = Int(low=1, null=True)

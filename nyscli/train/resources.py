@@ -17,8 +17,8 @@ import torch
 
 from nyscli.console import FILE_ONLY
 from nyscli.errors import UserInputError
+from nyscli.train.config import DEVICES
 
-DEVICES = ("auto", "cpu", "cuda")
 log = logging.getLogger("nys")
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-DECAYS = ("linear", "constant")
-
 
 def warmup_decay_factor(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
     """Multiplier of the peak lr for the update number ``step`` (0-based).

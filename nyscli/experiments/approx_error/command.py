@@ -31,6 +31,7 @@ from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
 from nyscli.experiments.approx_error.evaluate import evaluate_head, iter_heads
 from nyscli.experiments.approx_error.progress import ProgressLog, log_to_file
+from nyscli.experiments.approx_error.rules import check
 from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
 from nyscli.experiments.approx_error.settings import (
     DTYPES,
@@ -46,32 +47,6 @@ from nyscli.train.resources import resolve_device
 
 log = logging.getLogger(__name__)
 
-RULES: dict[str, schema.Rule] = {
-    "source": schema.Choice(values=sources.SOURCES),
-    "seq_len": schema.OPTIONAL_COUNT,
-    "head_dim": schema.WIDTH,
-    "heads": schema.COUNT,
-    "max_sequences": schema.COUNT,
-    "svd_max_seq_len": schema.COUNT,
-    "scale": schema.Float(low=0.0, low_open=True),
-    "correlation_length": schema.Float(low=0.0, low_open=True),
-    "max_matrix_mb": schema.Float(low=0.0, low_open=True),
-    "seed": schema.SEED,
-    "threads": schema.THREADS,
-    "plot_layer": schema.Int(low=0),
-    "plot_head": schema.Int(low=0),
-    "budgets": schema.IntList(low=1, null=True),
-    "budget_unit": schema.Choice(values=approx_methods.BUDGET_UNITS),
-    "data.path": schema.Text(null=True),
-    "dtype": schema.Choice(values=tuple(DTYPES)),
-    "device": schema.DEVICE,
-    "plots": schema.Bool(),
-    "checkpoint": schema.Text(null=True),
-    "fidelity.path": schema.Text(null=True),
-    "fidelity.max_texts": schema.Int(low=2),
-    "task.text_column": schema.Text(),
-}
-
 # One item of methods / baselines (the lists may be empty, and repeat a name).
 METHOD = schema.Choice(values=approx_methods.METHODS)
 BASELINE = schema.Choice(values=approx_methods.BASELINES)
@@ -85,7 +60,7 @@ def _one_of(key: str, value: object, rule: schema.Choice) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
-    schema.check(cfg, RULES)
+    check(cfg)
     schema.check_attentions([("attention", cfg.attention)])
     if cfg.source == "checkpoint" and not cfg.get("checkpoint"):
         raise UserInputError(

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from nyscli.attention import budget_key, build_attention, config_at_pairs, core_class
 from nyscli.attention.nystrom_local import NystromLocalAttention
 from nyscli.errors import UserInputError
+from nyscli.experiments.approx_error.rules import BUDGET_UNITS
 from nyscli.rules import show
 
 # Nyström variants: method name -> landmark selection (None = as in the attention config).
@@ -59,8 +60,6 @@ HYBRID_FORMS = {
     "hybrid_landmarks_heavy": _landmarks_heavy,
     "hybrid_routed": NystromLocalAttention.routed_at_pairs,
 }
-# landmarks: a budget is Nyström's m (the paper's axis); pairs: scored pairs per query for all.
-BUDGET_UNITS = ("landmarks", "pairs")
 DEFAULT_UNIT = BUDGET_UNITS[0]  # of a config or a caller that names no unit
 BASELINES = ("uniform", "svd")
 # Methods with no budget knob: one row, whatever m.

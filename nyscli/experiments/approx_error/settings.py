@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from nyscli.experiments.approx_error import sources
+from nyscli.experiments.approx_error import rules, sources
 from nyscli.experiments.approx_error.methods import DEFAULT_UNIT
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+DTYPES = {name: getattr(torch, kind) for name, kind in rules.DTYPES.items()}
 SYNTHETIC_SEQ_LEN = 4096
 # Bytes of text read per token the run uses: WordPiece tokens of English average ~5 bytes,
 # so 64 leaves room for long words and 4-byte characters; a file of any size is read only

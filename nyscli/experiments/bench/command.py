@@ -29,42 +29,17 @@ from nyscli.console import heartbeat
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
-from nyscli.experiments.bench.worker import DTYPES
+from nyscli.experiments.bench.rules import SCOPES, check
 from nyscli.output.paper import table1_rows
 from nyscli.output.plots import loglog_panels
 from nyscli.overrides import override_key
-from nyscli.train.resources import DEVICES, resolve_device
+from nyscli.train.resources import resolve_device
 
 log = logging.getLogger(__name__)
 
 # What env.json records: the points are measured in workers on glibc's malloc (rounds.py),
 # whatever allocator this process runs on, unless the user's own LD_PRELOAD names another.
 ALLOCATOR = preloaded(system_environ(os.environ))
-
-SCOPES = ("module", "core", "projections")
-MODES = ("forward", "train")
-
-
-RULES: dict[str, schema.Rule] = {
-    "seq_lens": schema.IntList(low=1),
-    "batch_size": schema.BATCH,
-    "hidden": schema.WIDTH,
-    "num_heads": schema.LAYERS,
-    "scope": schema.ChoiceList(values=SCOPES),
-    "mode": schema.Choice(values=MODES),
-    "dtype": schema.Choice(values=tuple(DTYPES)),
-    "device": schema.Choice(values=DEVICES),
-    "baseline": schema.Text(null=True),
-    "warmup": schema.Int(low=0),
-    "repeats": schema.COUNT,
-    "min_repeats": schema.COUNT,
-    "time_budget_s": schema.Float(low=0.0, low_open=True),
-    "timeout_s": schema.Float(low=0.0, low_open=True),
-    "noise_threshold": schema.Float(low=0.0, low_open=True),
-    "memory_limit_mb": schema.Float(low=0.0, low_open=True, null=True),
-    "threads": schema.THREADS,
-    "seed": schema.SEED,
-}
 
 
 def _override_keys() -> list[str]:
@@ -130,7 +105,7 @@ def scopes_of(cfg: DictConfig) -> list[str]:
 
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value before any measurement starts."""
-    schema.check(cfg, RULES)
+    check(cfg)
     if cfg.min_repeats > cfg.repeats:
         raise UserInputError(
             f"min_repeats={cfg.min_repeats} is not allowed; it must be <= repeats={cfg.repeats}"

@@ -24,10 +24,11 @@ import torch
 from nyscli.attention import MultiHeadAttention, build_attention
 from nyscli.attention.core import Core
 from nyscli.attention.gpu.graphs import Graphs
+from nyscli.experiments.bench import rules
 from nyscli.experiments.bench.memory import warm_peak_mb
 from nyscli.experiments.bench.timing import time_call_ms
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {name: getattr(torch, kind) for name, kind in rules.DTYPES.items()}
 RESULT_PREFIX = "NYS_RESULT "
 READY_PREFIX = "NYS_READY "
 REWARM_BELOW_MS = 1000.0  # calls shorter than this get an untimed call before each timed one

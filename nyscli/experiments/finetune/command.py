@@ -33,7 +33,7 @@ from nyscli.data.glue import GLUE_TASKS
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.data.subsets import dataset_labels
 from nyscli.errors import UserInputError
-from nyscli.experiments import schema, training
+from nyscli.experiments import training
 from nyscli.experiments.finetune.evaluate import (
     DEPLOYMENT_PLOT,
     by_length,
@@ -53,6 +53,7 @@ from nyscli.experiments.finetune.model import (
     selected_attention,
     starting_point,
 )
+from nyscli.experiments.finetune.rules import check
 from nyscli.experiments.finetune.tasks import (
     CSV,
     TASKS,
@@ -70,37 +71,16 @@ from nyscli.experiments.training import preflight, resume_pins
 from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.paper import TABLE2
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table, whole
-from nyscli.train import ShuffledBatches, Trainer, TrainerConfig, distributed, eval_batches
+from nyscli.train import distributed
+from nyscli.train.batches import ShuffledBatches, eval_batches
 from nyscli.train.checkpoint import load_best
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import Trainer
 from nyscli.train.resume import architecture
 
 log = logging.getLogger(__name__)
 
 __all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
-
-
-RULES: dict[str, schema.Rule] = {
-    "task.max_len": schema.Int(low=3, high=schema.TOKENS.high),  # [CLS] and two [SEP]
-    "task.dev_examples": schema.OPTIONAL_COUNT,
-    "task.test_examples": schema.OPTIONAL_COUNT,
-    "task.train_examples": schema.OPTIONAL_COUNT,
-    "task.dev_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-    "task.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-    "task.text_column": schema.Text(),
-    "task.text_pair_column": schema.Text(null=True),
-    "task.label_column": schema.Text(),
-    "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
-    "init": schema.Text(),
-    "eval_only": schema.Text(null=True),
-    "scratch.like": schema.Text(null=True),
-    "scratch.tokenizer": schema.Text(),
-    "data.path": schema.Text(null=True),
-    "data.dev_path": schema.Text(null=True),
-    "data.test_path": schema.Text(null=True),
-    "epochs": schema.Float(low=0.0, low_open=True),
-    "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
-    "conv_fit_examples": schema.Int(low=0),
-}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -110,7 +90,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    training.check_values(cfg, RULES)
+    check(cfg)
     # trainer.max_steps=null: the epochs decide, once the data is read.
     training.check_device(cfg, training.trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
     check_conv_fit(cfg, names_attention(current_overrides()))

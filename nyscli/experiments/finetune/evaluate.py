@@ -60,18 +60,11 @@ from nyscli.models.bert_classifier import BertClassifier
 from nyscli.output.plots import pyplot, save_figure
 from nyscli.output.tables import flag_text, pct, rows_table
 from nyscli.overrides import override_keys
-from nyscli.train import (
-    BEST,
-    CHECKPOINT_DIR,
-    LAST,
-    Trainer,
-    TrainerConfig,
-    eval_batches,
-    load_checkpoint,
-    peak_memory_mb,
-    reset_peak_memory,
-    resolve_device,
-)
+from nyscli.train.batches import eval_batches
+from nyscli.train.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import Trainer
+from nyscli.train.resources import peak_memory_mb, reset_peak_memory, resolve_device
 
 DEPLOYMENT_PLOT = "deployment.png"
 PREDICTIONS = "predictions.csv"

@@ -43,7 +43,7 @@ from nyscli.models.bert import BertConfig, BertEncoder, with_attention
 from nyscli.models.bert_classifier import extend_positions
 from nyscli.models.conv_fit import LayerFit, fit_conv_skips
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
-from nyscli.train import eval_batches
+from nyscli.train.batches import eval_batches
 
 log = logging.getLogger(__name__)
 

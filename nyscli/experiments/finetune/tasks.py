@@ -30,7 +30,7 @@ from nyscli.data.glue import GLUE_TASKS, HF_PREFIXES, TextExamples, read_glue
 from nyscli.data.subsets import subset_indices
 from nyscli.errors import UserInputError
 from nyscli.files import write_csv, write_text
-from nyscli.train import BatchResult
+from nyscli.train.metrics import BatchResult
 
 CSV = "csv"  # the user's own table file (conf/finetune_task/csv.yaml)
 TASKS = (*GLUE_TASKS, "imdb", CSV)

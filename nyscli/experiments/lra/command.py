@@ -20,10 +20,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from nyscli import attention
-from nyscli.data.pathfinder import DIFFICULTY_CONTOUR_LENGTH
 from nyscli.data.subsets import dataset_labels, evaluation_subset
 from nyscli.errors import UserInputError
-from nyscli.experiments import schema, training
+from nyscli.experiments import training
+from nyscli.experiments.lra.rules import GENERATED, check
 from nyscli.experiments.lra.table import render_table3, write_table3
 from nyscli.experiments.lra.tasks import (
     DUAL_TASKS,
@@ -34,50 +34,17 @@ from nyscli.experiments.lra.tasks import (
     trivial_baseline,
 )
 from nyscli.experiments.training import preflight, resume_pins
-from nyscli.models import INITS, POOLINGS, build_classifier
+from nyscli.models.classifier import build_classifier
 from nyscli.output.tables import BASELINE_COLUMNS, pct, rows_table
-from nyscli.train import ShuffledBatches, Trainer, TrainerConfig, distributed, eval_batches
+from nyscli.train import distributed
+from nyscli.train.batches import ShuffledBatches, eval_batches
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import Trainer
 from nyscli.train.resume import architecture
 
 log = logging.getLogger(__name__)
 
 __all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
-
-
-# The split sizes and seed of a generated task (data.generate of ListOps and Pathfinder).
-GENERATED: dict[str, schema.Rule] = {
-    "n_train": schema.COUNT,
-    "n_val": schema.COUNT,
-    "n_test": schema.COUNT,
-    "seed": schema.SEED,
-}
-# The keys of conf/task/*.yaml (each task has some of them) and the LRA model's pooling.
-RULES: dict[str, schema.Rule] = {
-    **schema.prefixed("data.generate", GENERATED),
-    "task.max_len": schema.TOKENS,
-    "task.test_examples": schema.OPTIONAL_COUNT,
-    "task.pooling": schema.Choice(values=POOLINGS),
-    **schema.prefixed(
-        "data",
-        {
-            "path": schema.Text(null=True),
-            "generate.min_len": schema.COUNT,
-            "generate.max_len": schema.COUNT,
-            "generate.max_depth": schema.COUNT,
-            "generate.max_args": schema.Int(low=2),
-            "generate.image_size": schema.Int(low=8),
-            "val_fraction": schema.PROBABILITY,
-            "test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-            "seed": schema.SEED,
-            "split_seed": schema.SEED,
-            "pairs_per_document": schema.COUNT,
-            "difficulty": schema.Choice(values=tuple(DIFFICULTY_CONTOUR_LENGTH)),
-            "workers": schema.OPTIONAL_COUNT,
-        },
-    ),
-    "model.pooling": schema.Choice(values=POOLINGS),
-    "model.init": schema.Choice(values=INITS),
-}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -86,7 +53,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserInputError(
             f"task={cfg.task.name} is not allowed; choose one of: {', '.join(TASKS)}"
         )
-    training.check_values(cfg, RULES)
+    check(cfg)
     check_source(cfg.task, cfg.data)
     training.check_device(cfg, training.trainer_config(cfg))
     training.check_attention(cfg)

@@ -20,7 +20,7 @@ from torch import nn
 
 from nyscli.data.common import DataError, TaskData, require_examples
 from nyscli.errors import UserInputError
-from nyscli.train import BatchResult
+from nyscli.train.metrics import BatchResult
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 DUAL_TASKS = ("retrieval",)
@@ -140,11 +140,8 @@ def _image(
 def _pathfinder(
     task: DictConfig, data: DictConfig, cache_dir: Path | None, threads: int | None
 ) -> TaskData:
-    from nyscli.data.pathfinder import (
-        DIFFICULTY_CONTOUR_LENGTH,
-        PathfinderConfig,
-        load_pathfinder,
-    )
+    from nyscli.data.choices import DIFFICULTY_CONTOUR_LENGTH
+    from nyscli.data.pathfinder import PathfinderConfig, load_pathfinder
 
     config = None
     if data.difficulty in DIFFICULTY_CONTOUR_LENGTH:

@@ -35,12 +35,11 @@ from nyscli.checkpoints.hf_import import (
     is_checkpoint_spec,
 )
 from nyscli.checkpoints.pretrained import PRETRAINED_DIR, save_pretrained
+from nyscli.data.choices import CORPUS_SOURCES
 from nyscli.data.common import DataError
-from nyscli.data.corpus import SOURCES
-from nyscli.data.pretraining import TOKENIZER_KINDS, PretrainingData, prepare_pretraining
+from nyscli.data.pretraining import PretrainingData, prepare_pretraining
 from nyscli.data.subsets import SUBSET_SEED, ClassBalance
 from nyscli.errors import UserInputError
-from nyscli.experiments import schema
 from nyscli.experiments.pretrain.objectives import (
     DISTILL_METRICS,
     IGNORE,
@@ -52,12 +51,12 @@ from nyscli.experiments.pretrain.objectives import (
     most_frequent_token_accuracy,
     pretraining_objective,
 )
+from nyscli.experiments.pretrain.rules import check
 from nyscli.experiments.training import (
     baseline_fields,
     bert_config,
     check_attention,
     check_device,
-    check_values,
     fit_schedule,
     preflight,
     result_row,
@@ -69,52 +68,29 @@ from nyscli.models.bert import BertEncoder, BertForPretraining, BlockOutputs, wi
 from nyscli.output.curves import axis_label, shown
 from nyscli.output.plots import pyplot, save_figure
 from nyscli.output.tables import flag_text, pct, rows_table, whole
-from nyscli.train import (
-    CHECKPOINT_DIR,
-    METRICS_FILE,
-    ShuffledBatches,
-    Trainer,
-    TrainerConfig,
-    distributed,
-)
-from nyscli.train.checkpoint import load_best
-from nyscli.train.loop import Objective
+from nyscli.train import distributed
+from nyscli.train.batches import ShuffledBatches
+from nyscli.train.checkpoint import CHECKPOINT_DIR, load_best
+from nyscli.train.config import TrainerConfig
+from nyscli.train.loop import Objective, Trainer
+from nyscli.train.metrics import METRICS_FILE
 from nyscli.train.resume import architecture
 from nyscli.train.splits import DEV, read_metrics
 
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "pretraining_curves.png"
-OBJECTIVES = ("mlm_sop", "distill")
 TEACHER_ATTENTION = {"name": "softmax"}  # an imported BERT checkpoint's own attention
 __all__ = ["preflight", "render", "resume_pins", "run", "validate"]  # the launcher's resume hooks
 
 
-RULES: dict[str, schema.Rule] = {
-    "mlm_probability": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-    "objective": schema.Choice(values=OBJECTIVES),
-    "data.source": schema.Choice(values=SOURCES),
-    "data.path": schema.Text(null=True),
-    "data.text_field": schema.Text(),
-    "data.name": schema.Text(),
-    "data.split": schema.Text(),
-    "data.val_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
-    "data.split_seed": schema.SEED,
-    "tokenizer.kind": schema.Choice(values=TOKENIZER_KINDS),
-    "tokenizer.path": schema.Text(null=True),
-    # The five special tokens and a basic alphabet must fit.
-    "tokenizer.vocab_size": schema.Int(low=100, high=2**22),  # a 4M-row embedding at most
-    "tokenizer.min_frequency": schema.COUNT,
-}
-
-
 def validate(cfg: DictConfig) -> None:
     """Cheap checks of every value (the corpus is not read)."""
-    check_values(cfg, RULES)
+    check(cfg)
     source = cfg.data.get("source")
-    if source not in SOURCES:
+    if source not in CORPUS_SOURCES:
         raise UserInputError(
-            f"data.source={source} is not allowed; choose one of: {', '.join(SOURCES)}"
+            f"data.source={source} is not allowed; choose one of: {', '.join(CORPUS_SOURCES)}"
         )
     if source == "folder":
         path = cfg.data.get("path")

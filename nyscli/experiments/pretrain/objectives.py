@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from nyscli.data.common import pad_batch
 from nyscli.data.subsets import subset_indices
 from nyscli.tokenizers.tokenizer import WordPieceTokenizer
-from nyscli.train import BatchResult
+from nyscli.train.metrics import BatchResult
 
 IGNORE = -100
 METRICS = ("mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy")

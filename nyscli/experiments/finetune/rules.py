@@ -1,0 +1,39 @@
+"""``nys finetune``: its config keys and what each may hold, torch-free.
+
+``validate`` (the full check, in the command) and the command line's early refusal
+(``nyscli.launch.compose.early_refusal``, before torch is imported) both call :func:`check`,
+so a bad value is refused with the same line, and in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from nyscli.experiments import schema
+
+RULES: dict[str, schema.Rule] = {
+    "task.max_len": schema.Int(low=3, high=schema.TOKENS.high),  # [CLS] and two [SEP]
+    "task.dev_examples": schema.OPTIONAL_COUNT,
+    "task.test_examples": schema.OPTIONAL_COUNT,
+    "task.train_examples": schema.OPTIONAL_COUNT,
+    "task.dev_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "task.test_fraction": schema.Float(low=0.0, high=1.0, low_open=True, high_open=True),
+    "task.text_column": schema.Text(),
+    "task.text_pair_column": schema.Text(null=True),
+    "task.label_column": schema.Text(),
+    "trainer.max_steps": schema.OPTIONAL_COUNT,  # null: the epochs decide
+    "init": schema.Text(),
+    "eval_only": schema.Text(null=True),
+    "scratch.like": schema.Text(null=True),
+    "scratch.tokenizer": schema.Text(),
+    "data.path": schema.Text(null=True),
+    "data.dev_path": schema.Text(null=True),
+    "data.test_path": schema.Text(null=True),
+    "epochs": schema.Float(low=0.0, low_open=True),
+    "warmup_ratio": schema.Float(low=0.0, high=1.0, high_open=True, null=True),
+    "conv_fit_examples": schema.Int(low=0),
+}
+
+
+def check(cfg: DictConfig) -> None:
+    schema.check_training(cfg, RULES)
