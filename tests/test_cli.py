@@ -265,6 +265,15 @@ _HEAVY_BLOCKED = (
 )
 
 
+def _heavy_blocked(folder, *args: str) -> subprocess.CompletedProcess:
+    """``nys *args`` in ``folder``, in a child that cannot import torch, pandas or matplotlib."""
+    return subprocess.run(
+        [sys.executable, "-c", _HEAVY_BLOCKED, *args],
+        cwd=folder, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
@@ -276,23 +285,89 @@ _HEAVY_BLOCKED = (
     ],
 )
 def test_what_composing_refuses_is_refused_before_torch_loads(tmp_path, args, fragment):
-    done = subprocess.run(
-        [sys.executable, "-c", _HEAVY_BLOCKED, *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )  # fmt: skip
+    done = _heavy_blocked(tmp_path, *args)
     output = (done.stdout + done.stderr).strip()
     assert done.returncode == 2 and fragment in output and len(output.splitlines()) == 1, output
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["bench", "--seq-len", "-5"], "--seq-len -5 is not allowed"),  # a typed option
+        (["bench", "dtype=fp8"], "dtype=fp8 is not allowed"),
+        (["lra", "trainer.lr=abc"], "trainer.lr=abc is not allowed"),  # schema.TRAINING
+        (["lra", "task=pathfinder", "data.difficulty=hardest"], "data.difficulty=hardest is not"),
+        (["pretrain", "tokenizer.vocab_size=5"], "tokenizer.vocab_size=5 is not allowed"),
+        (["finetune", "task.max_len=2"], "task.max_len=2 is not allowed"),
+        (["approx-error", "budget_unit=pair"], "budget_unit=pair is not allowed"),
+        (["lra", "fail_fast=maybe"], "fail_fast=maybe is not allowed"),  # the launcher's key
+    ],
+)
+def test_a_bad_value_is_refused_before_torch_loads_in_the_full_checks_words(
+    nys_here, tmp_path, monkeypatch, args, fragment
+):
+    """Each command's rules are torch-free (its ``rules.check``): the early refusal gives the
+    line the full check gives when there is no early one."""
+    done = _heavy_blocked(tmp_path, *args)
+    early = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and fragment in early and len(early.splitlines()) == 1, early
+    from nyscli.launch import compose
+
+    monkeypatch.setattr(compose, "early_refusal", lambda *_: None)
+    full = nys_here(*args)
+    assert full.returncode == 2 and (full.stdout + full.stderr).strip() == early
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "command,overrides",
+    [
+        ("lra", ["attention=nystrom", "attention.num_landmarks=0"]),
+        ("bench", ["attention_rows=[{name:nystrom,num_landmarks:-1}]"]),
+        ("approx_error", ["attention.conv_kernel_size=-3"]),
+    ],
+)
+def test_a_bad_attention_option_is_refused_early_in_the_full_checks_words(
+    nys_here, tmp_path, monkeypatch, command, overrides
+):
+    """An attention's options are checked last by the early refusal (they need torch, but
+    not the launcher or the commands), with the line the full check gives."""
+    from nyscli.launch import compose
+
+    early = compose.early_refusal(command, overrides, {})
+    assert early and "is not allowed" in early, early
+    monkeypatch.setattr(compose, "early_refusal", lambda *_: None)
+    full = nys_here(command.replace("_", "-"), *overrides)
+    assert full.returncode == 2 and (full.stdout + full.stderr).strip() == f"error: {early}"
+
+
+def test_the_early_refusal_leaves_alone_an_attention_the_run_would_not_build(tmp_path):
+    # scratch.like takes the pretrained folder's attention: the full check never reads
+    # cfg.attention there, so the early one must not refuse it either.
+    from nyscli.launch import compose
+
+    like = ["scratch.like=" + str(tmp_path), "attention=nystrom", "attention.num_landmarks=0"]
+    assert compose.early_refusal("finetune", like, {}) is None
+    assert "num_landmarks=0" in compose.early_refusal("finetune", like[1:], {})
+
+
+@pytest.mark.parametrize("command", ["bench", "approx_error", "lra", "pretrain", "finetune"])
+def test_every_commands_rules_load_without_torch(command):
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'pandas', 'numpy', 'matplotlib'):\n"
+        "    sys.modules[name] = None\n"
+        "from nyscli.experiments import value_rules\n"
+        f"print(len(value_rules({command!r}).RULES))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and int(done.stdout) > 5, done.stderr[-500:]
+
+
 def test_a_plain_run_that_composes_goes_on_to_the_full_launch(tmp_path):
     # The early check refuses nothing it cannot see is bad: here the launch goes on and
     # needs pandas and torch, which this child cannot import.
-    done = subprocess.run(
-        [sys.executable, "-c", _HEAVY_BLOCKED, "bench", "--seq-len", "64"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )  # fmt: skip
+    done = _heavy_blocked(tmp_path, "bench", "--seq-len", "64")
     halted = "halted; None in sys.modules" in done.stderr
     assert done.returncode != 0 and halted, done.stderr[-500:]

@@ -1,6 +1,8 @@
 """One folder per command (``bench``, ``approx_error``, ``lra``, ``pretrain``, ``finetune``,
 ``report``), each with ``command.py`` and its own helper modules; commands do not import each
-other (``report`` reads the others' results and figures). Shared by the training commands:
+other (``report`` reads the others' results and figures). Each training or measuring command
+also has ``rules`` (its keys' rules and ``check(cfg)``, torch-free, run by the command line
+before torch is imported). Shared by the training commands:
 ``training`` (what lra/pretrain/finetune check and do before training) and ``schema`` (the
 config keys' rules). Each ``command`` exposes ``validate(cfg)``, ``run(cfg, run_dir, console)``
 and ``render(df)``, and may set ``ALLOCATOR`` (what env.json records as the allocator when the
@@ -24,3 +26,9 @@ COMMANDS: dict[str, str] = {
 
 def experiment_module(command: str) -> ModuleType:
     return importlib.import_module(COMMANDS[command])
+
+
+def value_rules(command: str) -> ModuleType:
+    """The command's torch-free ``rules`` module: ``check(cfg)`` refuses a bad value in one
+    line, the check its ``validate`` starts with."""
+    return importlib.import_module(COMMANDS[command].rpartition(".")[0] + ".rules")

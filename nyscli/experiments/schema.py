@@ -67,6 +67,15 @@ def check_training(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
     check(cfg, {k: r for k, r in TRAINING.items() if k not in rules})
 
 
+def attentions_of(cfg: DictConfig) -> list[tuple[str, Any]]:
+    """Every attention config of a job, named as a refusal names it: ``attention``, and each
+    of bench's ``attention_rows``."""
+    rows = cfg.get("attention_rows") or []
+    return [("attention", cfg.attention)] + [
+        (f"attention_rows[{i}]", r) for i, r in enumerate(rows)
+    ]
+
+
 def check_attentions(nodes: Iterable[tuple[str, Any]]) -> None:
     """Check every (name, attention config) pair against its core's declared options."""
     # Here, not at the top: the cores' options are declared on their torch modules, and the

@@ -73,7 +73,7 @@ def check_device(cfg: DictConfig, trainer: TrainerConfig) -> torch.device:
 def check_attention(cfg: DictConfig) -> None:
     """The attention's options against its core's rules, and the model's width against its
     heads: one-line errors, nothing built."""
-    schema.check_attentions([("attention", cfg.attention)])
+    schema.check_attentions(schema.attentions_of(cfg))
     check_width(cfg.model.dim, cfg.model.num_heads)
 
 

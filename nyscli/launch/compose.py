@@ -1,10 +1,12 @@
 """Composing a command's config with Hydra, and the refusals composing alone finds.
 
-Everything here needs Hydra and the config rules of the ground floor, never torch: ``nys``
-asks :func:`early_refusal` before it imports the commands (torch and pandas take seconds to
-load, tens of seconds on a busy machine), so an unknown key or option, a misspelt group
-choice or an unreadable override is refused at once, with the same line the full check
-(:mod:`nyscli.launch.plan`, which composes through these functions too) would give.
+Everything here needs Hydra and the torch-free rules of the layers below (each command's
+``rules``), never torch: ``nys`` asks :func:`early_refusal` before it imports the commands
+(torch and pandas take seconds to load, tens of seconds on a busy machine), so an unknown key
+or option, a misspelt group choice, an unreadable override or a value out of its range is
+refused at once, with the same line the full check (:mod:`nyscli.launch.plan`, which composes
+through these functions too) would give. Only an attention's options need torch (each core
+declares them on its module); they are checked last.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hydra
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
@@ -29,11 +32,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nyscli.errors import UserInputError
+from nyscli.experiments import schema, value_rules
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.faults import USER_ERRORS, fault_line, one_line, refusal_line
 from nyscli.overrides import override_key
 from nyscli.paths import CONF_SOURCE
-from nyscli.rules import show
+from nyscli.rules import Bool, show
 
 
 def search_path(config_dir: str | None = None) -> ConfigSearchPath:
@@ -75,6 +79,35 @@ def compose_job(composing: Hydra, command: str, overrides: list[str]) -> DictCon
     """One job's config with its hydra node (for HydraConfig), as the run will see it."""
     return composing.compose_config(
         config_name=command, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=False
+    )
+
+
+# Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
+LAUNCH_RULES = {"fail_fast": Bool()}
+
+
+def job_config(cfg: DictConfig, command: str, overrides: list[str]) -> DictConfig:
+    """A composed job's config as its command's checks see it: HydraConfig set to it (they
+    read the overrides and group choices), its hydra node dropped, and what the launcher
+    checks itself checked (the recipe's command, the launcher's keys)."""
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _same_command(cfg, command, overrides)
+    schema.check(cfg, LAUNCH_RULES)
+    return cfg
+
+
+def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
+    """An ``experiment=`` recipe names its command; another command's recipe is refused."""
+    made_for = cfg.get("command")
+    if made_for == command:
+        return
+    recipe = [o for o in overrides if override_key(o) == "experiment"]
+    what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
+    raise UserInputError(
+        f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
+        f"{command.replace('_', '-')}; see nyscli/conf/experiment/"
     )
 
 
@@ -196,10 +229,14 @@ class _NotPlain(Exception):
 
 
 def early_refusal(command: str, arguments: list[str], typed: dict[str, str]) -> str | None:
-    """The line refusing a plain single run that composing alone finds bad, before torch is
-    imported (the line the full check would print first), or None. A sweep, ``--cfg``,
-    ``--help`` and the like, and a command line argparse refuses, are left to the full
-    launch, which checks everything again. ``arguments``, ``typed``: as ``launch`` takes them."""
+    """The line refusing a plain single run that composing, the command's value rules (its
+    torch-free ``rules.check``, in the order its ``validate`` runs them) or its attentions'
+    options find bad, before the launcher and the commands are imported, or None. The full
+    check refuses it too; a command line with several faults may hear of another first (the
+    full check tests some, like ``device=cuda`` without a GPU, before the attention's options).
+    A sweep, ``--cfg``, ``--help`` and the like, and a command line argparse refuses, are left
+    to the full launch, which checks everything again. ``arguments``, ``typed``: as
+    ``launch`` takes them."""
     parser = get_args_parser()
 
     def not_plain(message: str) -> None:
@@ -224,7 +261,15 @@ def early_refusal(command: str, arguments: list[str], typed: dict[str, str]) -> 
             composer(command, args.config_dir) as composing,
             composition_refused(composing, command, overrides),
         ):
-            compose_job(composing, command, overrides)
+            cfg = compose_job(composing, command, overrides)
+            if cfg.hydra.mode == RunMode.MULTIRUN:  # a cluster preset makes it a sweep
+                return None
+            job, rules = job_config(cfg, command, overrides), value_rules(command)
+            rules.check(job)
+            # torch loads here (the cores declare their options on their torch modules): a
+            # bad attention option is still refused before pandas, plotting and the launcher
+            # load, and a run that passes needs torch next anyway.
+            schema.check_attentions(rules.attentions(job))
     except (*USER_ERRORS, OSError) as error:
         return refusal_line(error, overrides, typed)
     except Exception:  # noqa: BLE001  the full launch meets it again and reports it its way

@@ -13,7 +13,6 @@ from typing import Any
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.hydra import Hydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, RangeSweep, ValueType
 from hydra.types import RunMode
@@ -22,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nyscli import tracking
 from nyscli.console import console
 from nyscli.errors import UserInputError
-from nyscli.experiments import experiment_module, schema
+from nyscli.experiments import experiment_module
 from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.compose import (
     compose_job,
     composer,
     composition_refused,
     is_sweep,
+    job_config,
     refuse_search_params,
     refuse_unreadable_numbers,
     task_overrides,
@@ -37,7 +37,6 @@ from nyscli.launch.progress import job_bar
 from nyscli.launch.sweepers import resume, search
 from nyscli.launch.sweepers.grid import grid_arguments, per_attention
 from nyscli.overrides import override_key, override_keys
-from nyscli.rules import Bool
 from nyscli.train.resume import pin_overrides
 
 
@@ -57,19 +56,6 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def _same_command(cfg: DictConfig, command: str, overrides: list[str]) -> None:
-    """An ``experiment=`` recipe names its command; another command's recipe is refused."""
-    made_for = cfg.get("command")
-    if made_for == command:
-        return
-    recipe = [o for o in overrides if override_key(o) == "experiment"]
-    what = recipe[-1].lstrip("+~") if recipe else f"command={made_for}"
-    raise UserInputError(
-        f"{what} is a recipe for nys {str(made_for).replace('_', '-')}, not for nys "
-        f"{command.replace('_', '-')}; see nyscli/conf/experiment/"
-    )
-
-
 @dataclass(frozen=True)
 class Plan:
     """What a launch will do, decided before any folder exists."""
@@ -82,10 +68,6 @@ class Plan:
     pins: tuple[str, ...] = ()  # overrides added to the command line (resume= keeps settings,
     # a bench sweep over attentions times them alone)
     continued: resume.Continuation | None = None  # hydra.sweep.dir= names an earlier sweep
-
-
-# Keys of conf/base/default.yaml the launcher itself reads (the commands check their own).
-LAUNCH_RULES = {"fail_fast": Bool()}
 
 
 # The jobs this process has validated, by their composed config: a job run in this process
@@ -106,12 +88,7 @@ def validated(cfg: DictConfig) -> bool:
 def _check_job(module: ModuleType, command: str, cfg: DictConfig, overrides: list[str]) -> None:
     """Validate one job's composed config as the run will see it (HydraConfig set to it, so
     ``validate`` sees the overrides and group choices); its hydra node is dropped."""
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    _same_command(cfg, command, overrides)
-    schema.check(cfg, LAUNCH_RULES)
-    module.validate(cfg)
+    module.validate(job_config(cfg, command, overrides))
     tracking.check(cfg.get("logger"))
     _VALIDATED.add(_fingerprint(cfg))
 

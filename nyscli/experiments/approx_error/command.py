@@ -31,7 +31,7 @@ from nyscli.experiments.approx_error import methods as approx_methods
 from nyscli.experiments.approx_error import plots, sources
 from nyscli.experiments.approx_error.evaluate import evaluate_head, iter_heads
 from nyscli.experiments.approx_error.progress import ProgressLog, log_to_file
-from nyscli.experiments.approx_error.rules import check
+from nyscli.experiments.approx_error.rules import attentions, check
 from nyscli.experiments.approx_error.sample_text import SAMPLE_TEXT
 from nyscli.experiments.approx_error.settings import (
     DTYPES,
@@ -61,7 +61,7 @@ def _one_of(key: str, value: object, rule: schema.Choice) -> None:
 def validate(cfg: DictConfig) -> None:
     """Cheap checks; a ``UserInputError`` naming the bad value and what is allowed."""
     check(cfg)
-    schema.check_attentions([("attention", cfg.attention)])
+    schema.check_attentions(attentions(cfg))
     if cfg.source == "checkpoint" and not cfg.get("checkpoint"):
         raise UserInputError(
             "source=checkpoint needs checkpoint=<minilm | hf:<folder or hub id> | nys pretrain "

@@ -43,6 +43,9 @@ RULES: dict[str, schema.Rule] = {
     "task.text_column": schema.Text(),
 }
 
+# The attention configs the full check checks: every one a job holds.
+attentions = schema.attentions_of
+
 
 def check(cfg: DictConfig) -> None:
     schema.check(cfg, RULES)

@@ -29,7 +29,7 @@ from nyscli.console import heartbeat
 from nyscli.errors import UserInputError
 from nyscli.experiments import schema
 from nyscli.experiments.bench.rounds import busy_hint, measure_interleaved
-from nyscli.experiments.bench.rules import SCOPES, check
+from nyscli.experiments.bench.rules import SCOPES, attentions, check
 from nyscli.output.paper import table1_rows
 from nyscli.output.plots import loglog_panels
 from nyscli.overrides import override_key
@@ -114,10 +114,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.hidden % cfg.num_heads:
         raise UserInputError(f"hidden={cfg.hidden} is not divisible by num_heads={cfg.num_heads}")
     selected = user_selected_attention()
-    schema.check_attentions(
-        [("attention", cfg.attention)]
-        + [(f"attention_rows[{i}]", row) for i, row in enumerate(cfg.attention_rows)]
-    )
+    schema.check_attentions(attentions(cfg))
     rows = attention_rows(cfg, include_selected=selected)
     if not rows:
         raise UserInputError(

@@ -39,6 +39,9 @@ RULES: dict[str, schema.Rule] = {
     "seed": schema.SEED,
 }
 
+# The attention configs the full check checks: every one a job holds.
+attentions = schema.attentions_of
+
 
 def check(cfg: DictConfig) -> None:
     schema.check(cfg, RULES)

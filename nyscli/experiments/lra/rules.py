@@ -48,6 +48,9 @@ RULES: dict[str, schema.Rule] = {
     "model.init": schema.Choice(values=INITS),
 }
 
+# The attention configs the full check checks: every one a job holds.
+attentions = schema.attentions_of
+
 
 def check(cfg: DictConfig) -> None:
     schema.check_training(cfg, RULES)

@@ -31,6 +31,9 @@ RULES: dict[str, schema.Rule] = {
     "tokenizer.min_frequency": schema.COUNT,
 }
 
+# The attention configs the full check checks: every one a job holds.
+attentions = schema.attentions_of
+
 
 def check(cfg: DictConfig) -> None:
     schema.check_training(cfg, RULES)
