@@ -359,6 +359,40 @@ def test_two_launches_at_once_continue_the_run_once(first, second, run_nys, tmp_
     assert len(run_folders(tmp_path / "outputs" / "lra")) == 2  # no third run
 
 
+@pytest.mark.parametrize("form", ["true", "run"])
+def test_a_run_that_still_trains_is_not_continued(form, run_nys, tmp_path):
+    """A run that trains on past its first checkpoint holds its folder's training lock: a
+    continuation beside it, in either form, is refused in one line (it would fork the run),
+    and once that launch has stopped the run continues."""
+    args = [*TINY, f"data_cache={tmp_path / 'c'}", "trainer.checkpoint_every=2"]
+    args[args.index("--steps") + 1] = "100000"
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+    going = subprocess.Popen(
+        [sys.executable, "-m", "nyscli.cli", "lra", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "outputs").rglob("last.pt")) and going.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint in 120 s"
+            time.sleep(0.1)
+        [run] = run_folders(tmp_path / "outputs" / "lra")
+        asked = {"true": ["--resume", "true"], "run": [f"resume={run}"]}[form]
+        refused = run_nys("lra", *args, *asked, "trainer.stop_at_step=3")
+    finally:
+        going.send_signal(signal.SIGTERM)  # stops it with its checkpoint kept
+        going.communicate(timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = [line for line in refused.stdout.splitlines() if line.strip()]
+    shown = "--resume true" if form == "true" else f"resume={run}"
+    assert line.startswith(f"error: {shown}: the run ") and "is still training" in line, line
+    assert run_folders(tmp_path / "outputs" / "lra") == [run]  # nothing left behind
+    onward = run_nys("lra", *args, *asked, "trainer.stop_after_minutes=0.01")
+    assert onward.returncode == 0, onward.stdout + onward.stderr
+    [_, continued] = run_folders(tmp_path / "outputs" / "lra")
+    assert (continued / RESUMED_FROM_FILE).read_text().strip() == str(run.resolve())
+
+
 def test_a_continuation_killed_before_its_first_checkpoint_leaves_the_run_continuable(
     run_nys, tmp_path
 ):

@@ -35,6 +35,7 @@ from nyscli.train.resume import (
     ResumePlan,
     claim_continuation,
     default_pins,
+    hold_training,
     named_run,
     plan_resume,
     record_resume,
@@ -123,8 +124,10 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
         raise UserInputError(plan.nothing_to_do() or "")
     for change in plan.changes:
         log.warning("resume_changes=allow: %s", change)
+    asked = "true" if str(cfg.resume).lower() == "true" else str(cfg.resume)  # a path as typed
+    if distributed.is_main():
+        hold_training(run_dir, asked)  # not continued by another launch while it trains
     if plan.checkpoint is not None and distributed.is_main():
-        asked = "true" if str(cfg.resume).lower() == "true" else str(cfg.resume)  # a path as typed
         claim_continuation(run_dir, plan.checkpoint, asked)  # either form: continued once
         record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
         log.info("resume=%s: continuing %s", asked, plan.run)

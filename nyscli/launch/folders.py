@@ -19,14 +19,22 @@ from nyscli.overrides import override_keys
 from nyscli.paths import OUTPUT_ROOT
 from nyscli.train import distributed
 from nyscli.train.metrics import METRICS_FILE
-from nyscli.train.resume import RESUMED_FROM_FILE
+from nyscli.train.resume import RESUMED_FROM_FILE, TRAINING_FILE
 
 ENV_FILE = "env.json"
 # What every run folder holds from its first second; a failed run with nothing else is removed.
 # Created exclusively (O_EXCL) in a folder given as hydra.run.dir / hydra.sweep.dir: of several
 # launches into one folder, at the same instant or later, exactly one gets it.
 CLAIM_FILE = ".nys-claim"
-BOOKKEEPING = (".hydra", ENV_FILE, ERROR_FILE, CLAIM_FILE, RESUMED_FROM_FILE, resume.LOCK_FILE)
+BOOKKEEPING = (
+    ".hydra",
+    ENV_FILE,
+    ERROR_FILE,
+    CLAIM_FILE,
+    RESUMED_FROM_FILE,
+    TRAINING_FILE,
+    resume.LOCK_FILE,
+)
 
 
 def not_a_folder(path: Path) -> Path | None:

@@ -24,7 +24,7 @@ from nyscli.output.env import collect_env
 from nyscli.output.runs import ERROR_FILE, RESULTS_FILE
 from nyscli.train.errors import TrainingInterrupted
 from nyscli.train.resources import resolve_threads
-from nyscli.train.resume import release_continuation
+from nyscli.train.resume import release_run_locks
 
 log = logging.getLogger("nys")
 
@@ -65,8 +65,8 @@ class Task:
                 module.validate(cfg)
             try:
                 df = ranks.run_on_ranks(module.run, cfg, run_dir, console, nproc)
-            finally:  # the run it continued is no longer held by this job
-                release_continuation()
+            finally:  # the run it trained, and the one it continued, are no longer held
+                release_run_locks()
         except TrainingInterrupted as stop:
             if multirun:  # the sweep goes on where it stopped, this job from its checkpoint
                 again = resume.again(Path(hydra_cfg.sweep.dir), hydra_cfg, trains=True)

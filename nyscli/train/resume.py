@@ -9,7 +9,8 @@ checkpoint's) and every change is recorded, old and new value, in ``results.csv`
 ``resume=true`` continues the newest *unfinished* run with identical settings that no later
 run has continued already (a resumed run names its origin in :data:`RESUMED_FROM_FILE`); when
 every such run has finished there is nothing to do. Either form claims the run it continues
-(:func:`claim_continuation`), so a run is continued once.
+(:func:`claim_continuation`), so a run is continued once, and not while it still trains
+(:func:`hold_training`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ RESUMED_FROM_FILE = "resumed_from.txt"  # in a resumed run: the folder of the ru
 # In a run being continued (resume=true or resume=<run>): the folder of the run continuing it,
 # locked by that launch while it runs (:func:`claim_continuation`).
 CONTINUED_FILE = ".nys-continued"
+# In every training run's folder: locked by its launch while it trains (:func:`hold_training`),
+# so the run is not continued while it still trains (that would fork it too).
+TRAINING_FILE = ".nys-training"
 # Keys that say how to run, not what to train: they may differ between a run and its resume.
 RUN_CONTROL = (
     "resume",
@@ -420,17 +424,67 @@ def _claimed(resume: Any, run: Path, holder: Path, live: bool) -> UserInputError
     )
 
 
+def _still_training(run: Path) -> bool:
+    """Whether another live launch holds ``run``'s :data:`TRAINING_FILE` lock (it trains now;
+    this process's own lock, of a run it trained before, does not count)."""
+    if run.resolve() in _TRAINING:
+        return False
+    try:
+        with open(run / TRAINING_FILE, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as it closes
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file: a run of an older nys, or one that never trained
+        return False
+    return False
+
+
+def _training(resume: Any, run: Path) -> UserInputError:
+    return UserInputError(
+        f"resume={resume}: the run {run} is still training (its launch is running); a run "
+        "is continued once it has stopped (two launches would fork it): wait for it to end "
+        "or stop it (Ctrl-C keeps its checkpoint), then give this command again"
+    )
+
+
 def refuse_claimed(resume: Any, run: Path, here: Path | None = None) -> None:
-    """One line (UserInputError) when ``run`` is being (or has been) continued by a run other
-    than ``here``: a run is continued once, by ``resume=true`` or ``resume=<run>`` alike."""
+    """One line (UserInputError) when ``run`` still trains, or is being (or has been)
+    continued by a run other than ``here``: a run is continued once, by ``resume=true`` or
+    ``resume=<run>`` alike, and only once it has stopped."""
+    if run.resolve() != here and _still_training(run):
+        raise _training(resume, run)
     found = _continuing(run)
     if found is not None and found[0].resolve() != here:
         raise _claimed(resume, run, *found)
 
 
-# The claims this process holds, by the run folder continuing: their files stay open (and
-# locked) until :func:`release_continuation` or the process's end.
+# The claims this process holds, by the run folder continuing, and the training locks of the
+# runs it trains: their files stay open (and locked) until :func:`release_run_locks` or the
+# process's end.
 _HELD: dict[Path, int] = {}
+_TRAINING: dict[Path, int] = {}
+
+
+def hold_training(run_dir: Path, resume: Any = None) -> None:
+    """Lock ``run_dir``'s :data:`TRAINING_FILE` while this process trains it, so that no
+    launch continues it meanwhile (:func:`refuse_claimed`). A folder another live launch
+    trains (a sweep's job resumed in its own folder twice at once) is refused in one line."""
+    here = Path(run_dir).resolve()
+    if here in _TRAINING:
+        return
+    here.mkdir(parents=True, exist_ok=True)  # a launch made it; a caller of run() may not have
+    fd = os.open(here / TRAINING_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _training(resume, Path(run_dir)) from None
+    except OSError:  # a file system without locks (some network mounts): train unguarded
+        os.close(fd)
+        return
+    _TRAINING[here] = fd
+
+
 CLAIM_TRIES = 10  # a probe of the claim (another launch's check) holds its lock for a moment
 
 
@@ -445,6 +499,8 @@ def claim_continuation(run_dir: Path, checkpoint: Path, resume: Any = True) -> N
     here = Path(run_dir).resolve()
     if run == here or here in _HELD:
         return
+    if _still_training(run):  # it started training again since the launch checked it
+        raise _training(resume, run)
     fd = os.open(run / CONTINUED_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(CLAIM_TRIES):
@@ -468,16 +524,18 @@ def claim_continuation(run_dir: Path, checkpoint: Path, resume: Any = True) -> N
     _HELD[here] = fd
 
 
-def release_continuation() -> None:
-    """End the claims this process holds (its run ended): what they continued is decided by
-    their folders from now on (a checkpoint saved, or none)."""
+def release_run_locks() -> None:
+    """End the claims and training locks this process holds (its run ended): what the claims
+    continued is decided by their folders from now on (a checkpoint saved, or none)."""
     while _HELD:
         os.close(_HELD.popitem()[1])
+    while _TRAINING:
+        os.close(_TRAINING.popitem()[1])
 
 
-# A forked child (a data generator's pool) shares the claim's lock until it closes its copy:
-# it closes it at once, so the claim ends with the launch, not with an orphaned worker.
-os.register_at_fork(after_in_child=release_continuation)
+# A forked child (a data generator's pool) shares the locks until it closes its copies: it
+# closes them at once, so they end with the launch, not with an orphaned worker.
+os.register_at_fork(after_in_child=release_run_locks)
 
 
 def record_resume(run_dir: Path, checkpoint: Path) -> None:
