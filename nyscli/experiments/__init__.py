@@ -1,8 +1,10 @@
 """One folder per command (``bench``, ``approx_error``, ``lra``, ``pretrain``, ``finetune``,
 ``report``), each with ``command.py`` and its own helper modules; commands do not import each
-other (``report`` reads the others' results and figures). Each training or measuring command
-also has ``rules`` (its keys' rules and ``check(cfg)``, torch-free, run by the command line
-before torch is imported). Shared by the training commands:
+other (``report`` reads the others' results and figures). Each command but ``report``
+also has ``rules``: its keys' rules, ``check(cfg)`` and ``attentions(cfg)``, torch-free.
+``validate`` runs them, and so does the command line before torch is imported
+(``nyscli.launch.compose.early_refusal``), so a bad value is refused in a fraction of a second
+with the same line. Shared by the training commands:
 ``training`` (what lra/pretrain/finetune check and do before training) and ``schema`` (the
 config keys' rules). Each ``command`` exposes ``validate(cfg)``, ``run(cfg, run_dir, console)``
 and ``render(df)``, and may set ``ALLOCATOR`` (what env.json records as the allocator when the

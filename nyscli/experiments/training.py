@@ -127,10 +127,10 @@ def start_run(cfg: DictConfig, run_dir: Path) -> tuple[torch.device, ResumePlan]
     asked = "true" if str(cfg.resume).lower() == "true" else str(cfg.resume)  # a path as typed
     if distributed.is_main():
         hold_training(run_dir, asked)  # not continued by another launch while it trains
-    if plan.checkpoint is not None and distributed.is_main():
-        claim_continuation(run_dir, plan.checkpoint, asked)  # either form: continued once
-        record_resume(run_dir, plan.checkpoint)  # resume=true never continues that run again
-        log.info("resume=%s: continuing %s", asked, plan.run)
+        if plan.checkpoint is not None:
+            claim_continuation(run_dir, plan.checkpoint, asked)  # either form: continued once
+            record_resume(run_dir, plan.checkpoint)  # resume=true never continues it again
+            log.info("resume=%s: continuing %s", asked, plan.run)
     seed_everything(int(cfg.seed))
     # The loggers (logger=tensorboard/mlflow) of rank 0; a resume continues the earlier run's.
     previous = plan.checkpoint.parent.parent if plan.checkpoint else None

@@ -132,6 +132,14 @@ def refuse_unreadable_numbers(overrides: list[str]) -> None:
 _SEARCH_PARAMS = "hydra.sweeper.params."
 
 
+def refuse_before_composing(command: str, overrides: list[str]) -> None:
+    """What is refused before Hydra reads the overrides: a renamed key, a number too long to
+    read, a sweep given inside ``hydra.sweeper.params``."""
+    refuse_renamed(command, overrides)
+    refuse_unreadable_numbers(overrides)  # before Hydra's parser, which fails on them
+    refuse_search_params(overrides)
+
+
 def refuse_search_params(overrides: list[str]) -> None:
     """``hydra.sweeper.params.<key>=interval(...)`` or ``=a,b`` reads as a sweep over Hydra's
     own config, which Hydra refuses in words that do not say how to change a sweep's values:
@@ -252,9 +260,7 @@ def early_refusal(command: str, arguments: list[str], typed: dict[str, str]) -> 
     if any(asked):
         return None
     try:
-        refuse_renamed(command, overrides)
-        refuse_unreadable_numbers(overrides)  # before Hydra's parser, which fails on them
-        refuse_search_params(overrides)
+        refuse_before_composing(command, overrides)
         if is_sweep(overrides):
             return None
         with (
@@ -264,7 +270,8 @@ def early_refusal(command: str, arguments: list[str], typed: dict[str, str]) -> 
             cfg = compose_job(composing, command, overrides)
             if cfg.hydra.mode == RunMode.MULTIRUN:  # a cluster preset makes it a sweep
                 return None
-            job, rules = job_config(cfg, command, overrides), value_rules(command)
+            job = job_config(cfg, command, overrides)
+            rules = value_rules(command)
             rules.check(job)
             # torch loads here (the cores declare their options on their torch modules): a
             # bad attention option is still refused before pandas, plotting and the launcher

@@ -22,15 +22,13 @@ from nyscli import tracking
 from nyscli.console import console
 from nyscli.errors import UserInputError
 from nyscli.experiments import experiment_module
-from nyscli.experiments.renamed import refuse_renamed
 from nyscli.launch.compose import (
     compose_job,
     composer,
     composition_refused,
     is_sweep,
     job_config,
-    refuse_search_params,
-    refuse_unreadable_numbers,
+    refuse_before_composing,
     task_overrides,
 )
 from nyscli.launch.progress import job_bar
@@ -205,9 +203,7 @@ def plan_launch(
     yields the run folder before the folder exists. A sweep composes its hydra node, then
     each job.
     """
-    refuse_renamed(command, overrides)
-    refuse_unreadable_numbers(overrides)
-    refuse_search_params(overrides)
+    refuse_before_composing(command, overrides)
     module = experiment_module(command)
     with (
         composer(command, config_dir) as composing,

@@ -435,7 +435,7 @@ def _still_training(run: Path) -> bool:
     except BlockingIOError:
         return True
     except OSError:  # no lock file: a run of an older nys, or one that never trained
-        return False
+        pass
     return False
 
 

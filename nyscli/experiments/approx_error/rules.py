@@ -1,8 +1,5 @@
-"""``nys approx-error``: its config keys and what each may hold, torch-free.
-
-``validate`` (the full check, in the command) and the command line's early refusal
-(``nyscli.launch.compose.early_refusal``, before torch is imported) both call :func:`check`,
-so a bad value is refused with the same line, and in a fraction of a second.
+"""``nys approx-error``'s config keys and what each may hold; torch-free (see
+:mod:`nyscli.experiments`).
 """
 
 from __future__ import annotations
